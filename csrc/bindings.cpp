@@ -1,0 +1,97 @@
+// The one seam between memprof's native core and Python.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstddef>
+#include <stdexcept>
+
+#include "capture.h"
+#include "events.h"
+
+namespace py = pybind11;
+
+namespace {
+
+py::array copy_events_to_numpy() {
+  const size_t n = memprof::event_count();
+  py::array_t<uint8_t> out(static_cast<py::ssize_t>(n * sizeof(memprof::Event)));
+  auto* dst = reinterpret_cast<memprof::Event*>(out.mutable_data());
+  size_t copied = 0;
+  {
+    py::gil_scoped_release release;
+    copied = memprof::copy_events(dst, n);
+  }
+  if (copied != n) throw std::runtime_error("event store changed during copy-out");
+  return out;
+}
+
+py::list strings_to_python() {
+  py::list out;
+  for (const auto& s : memprof::strings()) {
+    PyObject* obj = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
+    if (obj == nullptr) throw py::error_already_set();
+    out.append(py::reinterpret_steal<py::str>(obj));
+  }
+  return out;
+}
+
+py::dict event_layout() {
+  using memprof::Event;
+  py::dict d;
+  auto field = [&](const char* name, size_t offset, size_t size) {
+    d[name] = py::make_tuple(offset, size);
+  };
+  field("t_ns", offsetof(Event, t_ns), sizeof(Event::t_ns));
+  field("bytes", offsetof(Event, bytes), sizeof(Event::bytes));
+  field("ptr", offsetof(Event, ptr), sizeof(Event::ptr));
+  field("stream", offsetof(Event, stream), sizeof(Event::stream));
+  field("aux", offsetof(Event, aux), sizeof(Event::aux));
+  field("scope", offsetof(Event, scope), sizeof(Event::scope));
+  field("thread", offsetof(Event, thread), sizeof(Event::thread));
+  field("kind", offsetof(Event, kind), sizeof(Event::kind));
+  field("device_type", offsetof(Event, device_type), sizeof(Event::device_type));
+  field("device_index", offsetof(Event, device_index), sizeof(Event::device_index));
+  field("flags", offsetof(Event, flags), sizeof(Event::flags));
+  d["itemsize"] = sizeof(Event);
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "memprof native capture core";
+  m.def(
+      "start",
+      [](size_t max_events, bool scopes) {
+        memprof::CaptureOptions options;
+        options.max_events = max_events;
+        options.scopes = scopes;
+        memprof::start_capture(options);
+      },
+      py::arg("max_events"), py::arg("scopes") = true);
+  m.def("stop", &memprof::stop_capture, "Stop the active capture; returns a warning or ''.");
+  m.def("active", &memprof::capture_active);
+  m.def("events", &copy_events_to_numpy, "Events of the last capture as raw bytes (uint8).");
+  m.def("strings", &strings_to_python);
+  m.def("threads", [] {
+    py::list out;
+    for (const auto& t : memprof::thread_table()) {
+      out.append(py::make_tuple(t.index, t.os_tid, t.name));
+    }
+    return out;
+  });
+  m.def("dropped", &memprof::dropped_events);
+  m.def("max_events", &memprof::max_events);
+  m.def("start_ns", &memprof::capture_start_ns);
+  m.def("stop_ns", &memprof::capture_stop_ns);
+  m.def("release", &memprof::release);
+  m.def("mark_step", &memprof::mark_step);
+  m.def("mark", [](const std::string& label) { memprof::mark(label); });
+  m.def("now_ns", &memprof::now_ns);
+  m.def("event_layout", &event_layout);
+  m.def("cuda_built", &memprof::cuda_built);
+  m.def("attach_cuda_tracker", &memprof::attach_cuda_tracker);
+  m.def("cuda_tracker_attached", &memprof::cuda_tracker_attached);
+  m.def("shutdown", &memprof::shutdown);
+}

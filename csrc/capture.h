@@ -1,0 +1,51 @@
+// memprof capture sessions: the allocation reporter, RecordFunction scopes and,
+// on CUDA builds, the caching-allocator trace tracker. No Python headers here.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "events.h"
+
+namespace memprof {
+
+struct CaptureOptions {
+  size_t max_events = size_t(1) << 24;
+  bool scopes = true;  // record RecordFunction op/kernel scopes
+};
+
+// Starts a capture on the calling thread (and the autograd threads it starts).
+// Throws std::runtime_error if a capture or torch.profiler is already active.
+void start_capture(const CaptureOptions& options);
+// Stops the active capture; must run on the thread that started it. Returns a
+// warning ("" if none), e.g. when the reporter could not be popped cleanly.
+std::string stop_capture();
+bool capture_active();
+
+// Results of the last capture (valid after stop_capture, until release()).
+size_t event_count();
+size_t copy_events(Event* dst, size_t capacity);
+std::vector<std::string> strings();
+uint64_t dropped_events();
+size_t max_events();
+int64_t capture_start_ns();
+int64_t capture_stop_ns();
+void release();
+
+// Markers on the calling thread, recorded only while a capture is active.
+void mark_step(int64_t step);
+void mark(std::string_view label);
+
+// CUDA builds only: attach the allocator trace tracker once per process
+// (after CUDA is initialized). Returns "" on success or the reason it failed.
+bool cuda_built();
+std::string attach_cuda_tracker();
+bool cuda_tracker_attached();
+
+// Called at interpreter exit: stops recording from any callback for good.
+void shutdown();
+
+}  // namespace memprof

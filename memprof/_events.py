@@ -1,0 +1,84 @@
+"""The event record shared by the native core, the file format and the analysis.
+
+`EVENT_DTYPE` mirrors `memprof::Event` in csrc/events.h byte for byte; the native
+module exports its offsets and `memprof._native` checks them at import.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import numpy as np
+
+EVENT_FIELDS: tuple[tuple[str, str, int], ...] = (
+    ("t_ns", "<i8", 0),
+    ("bytes", "<i8", 8),
+    ("ptr", "<u8", 16),
+    ("stream", "<u8", 24),
+    ("aux", "<i8", 32),
+    ("scope", "<u4", 40),
+    ("thread", "<u2", 44),
+    ("kind", "u1", 46),
+    ("device_type", "i1", 47),
+    ("device_index", "i1", 48),
+    ("flags", "u1", 49),
+)
+EVENT_ITEMSIZE = 56
+EVENT_DTYPE = np.dtype(
+    {
+        "names": [f[0] for f in EVENT_FIELDS],
+        "formats": [f[1] for f in EVENT_FIELDS],
+        "offsets": [f[2] for f in EVENT_FIELDS],
+        "itemsize": EVENT_ITEMSIZE,
+    }
+)
+
+
+class Kind(enum.IntEnum):
+    """Event kinds (csrc/events.h `EventKind`)."""
+
+    ALLOC = 0
+    FREE = 1
+    SCOPE_BEGIN = 2
+    SCOPE_END = 3
+    STEP = 4
+    CUDA_ALLOC = 5  # allocation seen only by the CUDA tracker (thread memprof does not follow)
+    CUDA_FREE_REQUESTED = 6  # free seen only by the CUDA tracker
+    CUDA_FREE_COMPLETED = 7
+    SEGMENT_ALLOC = 8
+    SEGMENT_FREE = 9
+    SEGMENT_MAP = 10
+    SEGMENT_UNMAP = 11
+    OOM = 12
+    MARK = 13
+
+
+KIND_NAMES = {k.value: k.name.lower() for k in Kind}
+FLAG_UNFOLLOWED_THREAD = 1
+SEGMENT_KINDS = (Kind.SEGMENT_ALLOC, Kind.SEGMENT_FREE, Kind.SEGMENT_MAP, Kind.SEGMENT_UNMAP)
+
+# c10::DeviceType values that memprof names; others print as "type<N>:<index>".
+_DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda"}
+
+
+def device_name(device_type: int, device_index: int) -> str:
+    """The torch-style name of a device ("cpu", "cuda:0"); "" for events without a device."""
+    if device_type < 0:
+        return ""
+    base = _DEVICE_TYPE_NAMES.get(device_type, f"type{device_type}")
+    if base == "cpu":
+        return "cpu"
+    return f"{base}:{max(device_index, 0)}"
+
+
+def parse_device(name: str) -> tuple[int, int]:
+    """Inverse of `device_name` for the device names memprof writes."""
+    if name == "cpu":
+        return 0, -1
+    base, _, index = name.partition(":")
+    types = {v: k for k, v in _DEVICE_TYPE_NAMES.items()}
+    if base in types and index.isdigit():
+        return types[base], int(index)
+    if base.startswith("type") and base[4:].isdigit() and index.isdigit():
+        return int(base[4:]), int(index)
+    raise ValueError(f"not a device name: {name!r} (expected 'cpu' or 'cuda:N')")

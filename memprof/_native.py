@@ -1,0 +1,30 @@
+"""Loads the native core, memprof._C, with a one-line error that says how to build it."""
+
+from __future__ import annotations
+
+import functools
+from types import ModuleType
+
+from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE
+from memprof.errors import NativeUnavailable
+
+BUILD_HINT = "build it with: pip install --no-build-isolation -e .  (torch must be installed first)"
+
+
+@functools.cache
+def native() -> ModuleType:
+    """The native module, checked against the Python event layout."""
+    try:
+        import torch  # noqa: F401  (loads libtorch before the extension)
+
+        from memprof import _C
+    except ImportError as exc:
+        raise NativeUnavailable(f"memprof's native extension is not available ({exc}); {BUILD_HINT}") from None
+    layout = _C.event_layout()
+    if layout.pop("itemsize") != EVENT_ITEMSIZE:
+        raise NativeUnavailable(f"memprof._C event layout does not match this memprof; rebuild it: {BUILD_HINT}")
+    for name, (offset, size) in layout.items():
+        field = EVENT_DTYPE.fields[name]
+        if field[1] != offset or field[0].itemsize != size:
+            raise NativeUnavailable(f"memprof._C field {name!r} does not match this memprof; {BUILD_HINT}")
+    return _C

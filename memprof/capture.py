@@ -1,0 +1,425 @@
+"""Capturing allocations: `memprof.capture()`, the `Capture` result and step markers."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import os
+import platform
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memprof import __version__
+from memprof._events import EVENT_DTYPE, KIND_NAMES, Kind, device_name
+from memprof._native import native
+from memprof.errors import MemprofError
+from memprof.timeline import StepStat, Timeline, build_timeline, scope_stack_at, step_stats
+
+DEFAULT_MAX_EVENTS = 1 << 24  # 16.7 M events, 56 B each; memory is taken in 1.8 MB chunks as needed
+
+
+@dataclass(frozen=True)
+class LiveAllocation:
+    """One allocation live at a point of the timeline."""
+
+    ptr: int
+    bytes: int
+    t_ns: int  # allocation time (steady clock)
+    scope: str  # innermost op or kernel that allocated it ("" if none)
+    thread: int
+    requested: int  # requested bytes (CUDA tracker), -1 if unknown
+    stream: int
+    row: int  # index into Capture.events
+
+
+class Capture:
+    """An exact allocation timeline: events, strings, threads and metadata.
+
+    Returned (still empty) by `memprof.capture()` and filled when the capture stops;
+    `memprof.load()` returns a filled one.
+    """
+
+    def __init__(
+        self,
+        raw: np.ndarray | None = None,
+        strings: list[str] | None = None,
+        meta: dict[str, Any] | None = None,
+        threads: list[dict[str, Any]] | None = None,
+    ) -> None:
+        self._raw = raw
+        self.strings: list[str] = strings if strings is not None else [""]
+        self.meta: dict[str, Any] = meta if meta is not None else {}
+        self.threads: list[dict[str, Any]] = threads if threads is not None else []
+        self._timelines: dict[str, Timeline] = {}
+        self._events: np.ndarray | None = None
+
+    # -- data ---------------------------------------------------------------------------
+    @property
+    def raw(self) -> np.ndarray:
+        """The events as stored (numeric columns; `scope` indexes `strings`)."""
+        if self._raw is None:
+            raise MemprofError("the capture is still running; its events are available after it stops")
+        return self._raw
+
+    @property
+    def recording(self) -> bool:
+        return self._raw is None
+
+    @property
+    def events(self) -> np.ndarray:
+        """One row per event: t_ns, seq, kind, bytes, device, scope, thread, ptr, stream, requested.
+
+        `kind`, `device` and `scope` are strings (object columns); `bytes` is positive for an
+        allocation and negative for a free.
+        """
+        if self._events is None:
+            raw = self.raw
+            kinds = np.array([KIND_NAMES.get(k, f"kind{k}") for k in range(256)], dtype=object)
+            names = np.array(self.strings, dtype=object)
+            codes = (raw["device_type"].astype(np.int32) + 1) * 256 + raw["device_index"].astype(np.int32) + 1
+            uniq, inverse = np.unique(codes, return_inverse=True)
+            dev_names = np.array([device_name(int(c) // 256 - 1, int(c) % 256 - 1) for c in uniq], dtype=object)
+            out = np.zeros(len(raw), dtype=[
+                ("t_ns", "i8"), ("seq", "i8"), ("kind", "O"), ("bytes", "i8"), ("device", "O"),
+                ("scope", "O"), ("thread", "i4"), ("ptr", "u8"), ("stream", "u8"), ("requested", "i8"),
+            ])
+            out["t_ns"] = raw["t_ns"]
+            out["seq"] = np.arange(len(raw))
+            out["kind"] = kinds[raw["kind"]]
+            out["bytes"] = raw["bytes"]
+            out["device"] = dev_names[inverse.reshape(-1)]
+            out["scope"] = names[raw["scope"]]
+            out["thread"] = raw["thread"]
+            out["ptr"] = raw["ptr"]
+            out["stream"] = raw["stream"]
+            out["requested"] = np.where(raw["kind"] == Kind.ALLOC, raw["aux"], -1)
+            self._events = out
+        return self._events
+
+    @property
+    def devices(self) -> list[str]:
+        """Devices with allocations or a baseline, CPU first."""
+        raw = self.raw
+        mem = np.isin(raw["kind"], [Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED])
+        pairs = {(int(t), int(i)) for t, i in zip(raw["device_type"][mem], raw["device_index"][mem], strict=True)}
+        names = {device_name(t, i) for t, i in pairs} | set(self.meta.get("baselines", {}))
+        return sorted(names, key=lambda d: (d != "cpu", d))
+
+    @property
+    def main_device(self) -> str:
+        """The device a plain `peak()` refers to: the first CUDA device in use, else the CPU."""
+        devices = self.devices
+        cuda = [d for d in devices if d != "cpu"]
+        return cuda[0] if cuda else (devices[0] if devices else "cpu")
+
+    @property
+    def dropped(self) -> int:
+        return int(self.meta.get("dropped_events", 0))
+
+    def scope_name(self, scope_id: int) -> str:
+        return self.strings[scope_id] if 0 <= scope_id < len(self.strings) else f"<scope {scope_id}>"
+
+    # -- analysis -----------------------------------------------------------------------
+    def timeline(self, device: str | None = None) -> Timeline:
+        """Live bytes (and reserved bytes, on CUDA) after every event on one device."""
+        device = device or self.main_device
+        if device not in self._timelines:
+            base = self.meta.get("baselines", {}).get(device, {})
+            has_reserved = device != "cpu" and self.meta.get("cuda_tracker") == "attached"
+            self._timelines[device] = build_timeline(
+                self.raw, device, int(base.get("allocated", 0)), int(base.get("reserved", 0)), has_reserved
+            )
+        return self._timelines[device]
+
+    def peak(self, device: str | None = None, step: int | None = None) -> int:
+        """Exact peak live bytes on a device, over the capture or within one step."""
+        if step is None:
+            return self.timeline(device).peak
+        for s in self.steps(device):
+            if s.step == step:
+                return s.peak
+        raise MemprofError(f"no step {step} in this capture (steps: {[s.step for s in self.steps(device)]})")
+
+    def steps(self, device: str | None = None) -> list[StepStat]:
+        """Per-step statistics, split at the step markers."""
+        return step_stats(self.raw, self.timeline(device), int(self.meta.get("t_start_ns", 0)),
+                          int(self.meta.get("t_stop_ns", 0)))
+
+    def live_at(self, device: str | None = None, pos: int | None = None) -> list[LiveAllocation]:
+        """Captured allocations live just after timeline position `pos` (default: the peak), largest first."""
+        tl = self.timeline(device)
+        if pos is None:
+            pos = tl.peak_pos
+        raw = self.raw
+        rows = tl.rows[tl.live_positions(pos)] if pos >= 0 else np.zeros(0, np.int64)
+        sizes = tl.delta[tl.live_positions(pos)] if pos >= 0 else np.zeros(0, np.int64)
+        order = np.argsort(-sizes, kind="stable")
+        return [
+            LiveAllocation(
+                ptr=int(raw["ptr"][r]), bytes=int(sizes[i]), t_ns=int(raw["t_ns"][r]),
+                scope=self.scope_name(int(raw["scope"][r])), thread=int(raw["thread"][r]),
+                requested=int(raw["aux"][r]) if raw["kind"][r] == Kind.ALLOC else -1,
+                stream=int(raw["stream"][r]), row=int(r),
+            )
+            for i, r in ((int(i), int(rows[i])) for i in order)
+        ]
+
+    def live_at_peak(self, device: str | None = None) -> list[LiveAllocation]:
+        """The live set at the device's peak: each live allocation with bytes, time and scope."""
+        return self.live_at(device, None)
+
+    def scope_stack_at_peak(self, device: str | None = None) -> list[str]:
+        """The op/kernel scopes open on the peak's thread when the peak was reached (outermost first)."""
+        tl = self.timeline(device)
+        if tl.peak_pos < 0:
+            return []
+        return [self.scope_name(s) for s in scope_stack_at(self.raw, int(tl.rows[tl.peak_pos]))]
+
+    # -- files --------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the capture to a .memprof file (atomically); returns the path."""
+        from memprof.fileformat import save
+
+        return save(self, Path(path))
+
+    def __repr__(self) -> str:
+        if self.recording:
+            return "<memprof.Capture (recording)>"
+        return f"<memprof.Capture {len(self.raw)} events, devices {self.devices}>"
+
+
+# -- recording --------------------------------------------------------------------------
+
+_lock = threading.Lock()
+_active: _Recorder | None = None
+_atexit_registered = False
+
+
+def _base_meta() -> dict[str, Any]:
+    import torch
+
+    return {
+        "memprof_version": __version__,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "pid": os.getpid(),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "notes": [],
+    }
+
+
+class _Recorder:
+    def __init__(self, cap: Capture, max_events: int, scopes: bool, kernels: bool) -> None:
+        self.cap = cap
+        self.max_events = max_events
+        self.scopes = scopes
+        self.kernels = kernels and scopes
+        self.thread_ident = threading.get_ident()
+        self.step = 0
+        self.explicit_steps = False
+        self._undo: list[Callable[[], None]] = []
+        self.meta = _base_meta()
+
+    def _note(self, text: str) -> None:
+        self.meta["notes"].append(text)
+
+    def start(self) -> None:
+        import torch
+        import torch.autograd.profiler as autograd_profiler
+
+        C = native()
+        if torch.autograd._profiler_enabled() or autograd_profiler._is_profiler_enabled:
+            raise MemprofError(
+                "torch.profiler is already active; memprof and torch.profiler share PyTorch's profiler "
+                "slot, so stop the profiler before starting a capture"
+            )
+        baselines: dict[str, dict[str, int]] = {"cpu": {"allocated": 0, "reserved": 0}}
+        cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if cuda_ready:
+            for d in range(torch.cuda.device_count()):
+                baselines[f"cuda:{d}"] = {
+                    "allocated": int(torch.cuda.memory_allocated(d)),
+                    "reserved": int(torch.cuda.memory_reserved(d)),
+                }
+        self.meta["baselines"] = baselines
+        self.meta["max_events"] = self.max_events
+        self.meta["scopes"] = self.scopes
+        self.meta["kernel_scopes"] = self.kernels
+        self.meta["cpu_note"] = "cpu: bytes allocated during the capture (PyTorch does not report earlier ones)"
+        if torch.cuda.is_available():
+            self.meta["allocator_backend"] = torch.cuda.get_allocator_backend()
+        try:
+            C.start(self.max_events, self.scopes)
+        except RuntimeError as exc:
+            raise MemprofError(str(exc)) from None
+        self.meta["t_start_ns"] = int(C.now_ns())
+        try:
+            self._install(torch, autograd_profiler, C, cuda_ready)
+        except BaseException:
+            self._uninstall()
+            C.stop()
+            raise
+
+    def _install(self, torch: Any, autograd_profiler: Any, C: Any, cuda_ready: bool) -> None:
+        global _atexit_registered
+        if not _atexit_registered:
+            atexit.register(C.shutdown)
+            _atexit_registered = True
+        # CUDA: the allocator tracker (requested sizes, streams, segments, OOM).
+        if C.cuda_built():
+            if cuda_ready:
+                self._attach_tracker()
+            elif torch.cuda.is_available():
+                torch.cuda._lazy_call(self._attach_tracker)
+                self.meta["cuda_tracker"] = "pending (CUDA not initialized at start)"
+        elif torch.cuda.is_available():
+            self.meta["cuda_tracker"] = "not built (CPU-only build of memprof)"
+            self._note("memprof was built without CUDA: reserved bytes, requested sizes and streams are missing")
+        # Inductor wraps compiled graphs and Triton launches in RecordFunction scopes
+        # only while this flag is set; turn it on for the capture.
+        if self.kernels:
+            previous = autograd_profiler._is_profiler_enabled
+            autograd_profiler._set_is_profiler_enabled(True)
+            self._undo.append(lambda: autograd_profiler._set_is_profiler_enabled(previous))
+        # Steps: one marker per optimizer step unless the script calls memprof.step().
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        handle = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._undo.append(handle.remove)
+        # torch.profiler starting during the capture: stop the capture cleanly first.
+        original = autograd_profiler._run_on_profiler_start
+
+        def run_on_profiler_start() -> None:
+            if _active is self and threading.get_ident() == self.thread_ident:
+                message = ("the script started torch.profiler, which shares PyTorch's profiler slot "
+                           "with memprof: the capture stopped there; later events are not captured")
+                self._note(message)
+                self.meta["stopped_by"] = "torch.profiler"
+                print(f"memprof: {message}", file=sys.stderr)
+                _stop_active()
+            original()
+
+        autograd_profiler._run_on_profiler_start = run_on_profiler_start
+        self._undo.append(lambda: setattr(autograd_profiler, "_run_on_profiler_start", original))
+
+    def _attach_tracker(self) -> None:
+        import torch
+
+        C = native()
+        problem = C.attach_cuda_tracker()
+        if not problem:
+            self.meta["cuda_tracker"] = "attached"
+            for d in range(torch.cuda.device_count()):
+                self.meta["baselines"].setdefault(f"cuda:{d}", {"allocated": 0, "reserved": 0})
+            return
+        self.meta["cuda_tracker"] = f"unavailable: {problem}"
+        backend = torch.cuda.get_allocator_backend()
+        if backend == "cudaMallocAsync":
+            self._note("the cudaMallocAsync allocator backend does not support allocator tracing: memprof "
+                       "records what PyTorch's memory reporter sees; reserved bytes, requested sizes, "
+                       "streams and segment events are missing")
+        else:
+            self._note(f"CUDA allocator tracing unavailable ({problem}): reserved bytes are missing")
+
+    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self.explicit_steps:
+            self.mark_step(source="optimizer")
+
+    def mark_step(self, source: str) -> int:
+        self.step += 1
+        self.meta["step_source"] = source
+        native().mark_step(self.step)
+        return self.step
+
+    def _uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def stop(self) -> None:
+        C = native()
+        warning = ""
+        try:
+            warning = C.stop()
+        finally:
+            self._uninstall()
+        if warning:
+            self._note(warning)
+        raw = np.asarray(C.events()).view(EVENT_DTYPE)
+        self.meta["t_stop_ns"] = int(C.stop_ns())
+        self.meta["t_start_ns"] = int(C.start_ns())
+        self.meta["dropped_events"] = int(C.dropped())
+        self.meta.setdefault("step_source", None)
+        self.meta["steps"] = self.step
+        threads = [{"index": i, "tid": tid, "name": name} for i, tid, name in C.threads()]
+        strings = list(C.strings())
+        C.release()
+        self.cap.meta.update({**self.meta, **self.cap.meta})
+        self.cap._raw = raw
+        self.cap.strings = strings
+        self.cap.threads = threads
+
+
+def _stop_active() -> None:
+    global _active
+    with _lock:
+        rec, _active = _active, None
+    if rec is not None:
+        rec.stop()
+
+
+@contextlib.contextmanager
+def capture(
+    *,
+    max_events: int = DEFAULT_MAX_EVENTS,
+    scopes: bool = True,
+    kernels: bool = True,
+    meta: dict[str, Any] | None = None,
+) -> Iterator[Capture]:
+    """Capture every allocation and free (CPU and CUDA) on this thread and its autograd threads.
+
+    `scopes` records op/kernel scopes (RecordFunction); `kernels` also makes Inductor name
+    each compiled graph call and Triton kernel launch. The yielded `Capture` is filled when
+    the block exits, also when it exits by an exception.
+    """
+    global _active
+    if max_events <= 0:
+        raise MemprofError(f"max_events must be positive, got {max_events}")
+    cap = Capture(meta=dict(meta or {}))
+    rec = _Recorder(cap, max_events, scopes, kernels)
+    with _lock:
+        if _active is not None:
+            raise MemprofError("a memprof capture is already active in this process")
+        rec.start()
+        _active = rec
+    try:
+        yield cap
+    finally:
+        if _active is rec:
+            _stop_active()
+
+
+def step() -> int:
+    """Mark the end of a training step in the active capture; returns the step number (0 if none).
+
+    Once a script calls `memprof.step()`, optimizer steps no longer add markers of their own.
+    """
+    rec = _active
+    if rec is None:
+        return 0
+    rec.explicit_steps = True
+    return rec.mark_step(source="memprof.step")
+
+
+def active() -> bool:
+    """Whether a capture is running in this process."""
+    return _active is not None

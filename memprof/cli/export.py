@@ -1,0 +1,36 @@
+"""`memprof export CAPTURE --format chrome [-o OUT]`: write a capture in another format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+class _Formats(click.Choice):
+    def __init__(self) -> None:
+        from memprof.reporters import reporters
+
+        super().__init__(sorted(reporters("export")))
+
+
+@click.command(short_help="Export a .memprof capture (Chrome/Perfetto trace).")
+@click.argument("capture_file", metavar="CAPTURE")
+@click.option("--format", "fmt", type=_Formats(), default="chrome", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Output file [default: CAPTURE with the format's suffix].")
+@click.option("--force", is_flag=True, help="Overwrite an existing output file.")
+@click.option("--max-counter-points", type=click.IntRange(min=16), default=None,
+              help="Down-sample counter tracks to about this many points (the peak is always kept).")
+def export(capture_file: str, fmt: str, output: str | None, force: bool, max_counter_points: int | None) -> None:
+    """Convert CAPTURE; the Chrome trace opens in ui.perfetto.dev or chrome://tracing."""
+    from memprof.fileformat import check_writable, load
+    from memprof.reporters import get
+
+    reporter = get(fmt, "export")
+    cap = load(capture_file)
+    out = Path(output) if output else Path(capture_file).with_suffix(reporter.suffix)
+    check_writable(out, force)
+    options = {"max_counter_points": max_counter_points} if max_counter_points else {}
+    out.write_text(reporter.render(cap, **options))
+    click.echo(f"memprof: wrote {out}", err=True)

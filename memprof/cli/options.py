@@ -1,0 +1,26 @@
+"""Shared option types for the CLI."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import click
+
+
+class Budget(click.ParamType):
+    """An activation_memory_budget: a number in [0, 1]."""
+
+    name = "budget"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            b = value
+        else:
+            try:
+                b = float(value)
+            except ValueError:
+                self.fail(f"--budget must be a number in [0, 1], got {value!r}", param, ctx)
+        if math.isnan(b) or not 0.0 <= b <= 1.0:
+            self.fail(f"--budget must be in [0, 1], got {value}", param, ctx)
+        return b

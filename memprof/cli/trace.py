@@ -1,0 +1,81 @@
+"""`memprof trace SCRIPT [ARGS]...`: run a script under capture, save it, print the peak summary."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import click
+
+from memprof.cli.options import Budget
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
+    short_help="Run a script under capture and save a .memprof file.",
+)
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--budget", type=Budget(), default=None,
+              help="torch._functorch.config.activation_memory_budget for every torch.compile in the script.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Capture file to write [default: SCRIPT_STEM.memprof].")
+@click.option("--chrome", type=click.Path(dir_okay=False), default=None,
+              help="Also write a Chrome/Perfetto trace (JSON) here.")
+@click.option("--force", is_flag=True, help="Overwrite existing output files.")
+@click.option("--max-events", type=click.IntRange(min=1), default=None,
+              help="Bound on recorded events (extra events are counted as dropped).")
+@click.option("--no-kernel-scopes", is_flag=True,
+              help="Do not ask Inductor for per-kernel scopes (lower overhead; graph scopes also off).")
+def trace(script: str, script_args: tuple[str, ...], budget: float | None, output: str | None,
+          chrome: str | None, force: bool, max_events: int | None, no_kernel_scopes: bool) -> int:
+    """Run SCRIPT as `python SCRIPT ARGS` would, capturing every allocation.
+
+    memprof's options may come before or after SCRIPT; other options go to the script,
+    and everything after `--` goes to the script verbatim. Exits with the script's exit code.
+    """
+    from memprof.capture import DEFAULT_MAX_EVENTS, capture
+    from memprof.fileformat import check_writable
+    from memprof.reporters import render
+    from memprof.runner import check_script, run_script
+
+    path = check_script(script)
+    out = Path(output) if output else Path(f"{path.stem}.memprof")
+    check_writable(out, force)
+    chrome_path = Path(chrome) if chrome else None
+    if chrome_path is not None:
+        check_writable(chrome_path, force)
+
+    import torch._functorch.config as functorch_config
+
+    if budget is not None:
+        functorch_config.activation_memory_budget = budget
+    meta = {
+        "command": shlex.join(["python", str(path), *script_args]),
+        "argv": [str(path), *script_args],
+        "script": str(path.resolve()),
+        "budget": budget if budget is not None else functorch_config.activation_memory_budget,
+    }
+    cap = None
+    result = None
+    try:
+        with capture(max_events=max_events or DEFAULT_MAX_EVENTS, kernels=not no_kernel_scopes, meta=meta) as cap:
+            result = run_script(path, list(script_args))
+    finally:
+        if cap is not None and not cap.recording:
+            if result is not None:
+                cap.meta.update(status=result.status, exit_code=result.exit_code, error=result.error)
+            else:
+                cap.meta.update(status="memprof-error", exit_code=None)
+            cap.save(out)
+            if result is None:
+                click.echo(f"memprof: partial capture saved to {out}", err=True)
+    assert cap is not None and result is not None
+    click.echo(render("text", cap), err=True)
+    if chrome_path is not None:
+        chrome_path.write_text(render("chrome", cap))
+        click.echo(f"memprof: Chrome/Perfetto trace written to {chrome_path} (open in ui.perfetto.dev)", err=True)
+    click.echo(f"memprof: capture saved to {out} (memprof report {out})", err=True)
+    sys.stdout.flush()
+    return result.exit_code

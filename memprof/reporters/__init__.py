@@ -1,0 +1,59 @@
+"""Reporters turn a capture into text, JSON or a trace file; registered by name.
+
+Reporters never read files and analysis never prints: each reporter is a pure function
+`render(capture, **options) -> str` plus a name, a kind ("report" for `memprof report`,
+"export" for `memprof export --format`) and the file suffix its output takes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from memprof.capture import Capture
+from memprof.errors import MemprofError
+
+Render = Callable[..., str]
+
+
+@dataclass(frozen=True)
+class Reporter:
+    name: str
+    kind: str  # "report" or "export"
+    suffix: str
+    description: str
+    render: Render
+
+
+_REGISTRY: dict[str, Reporter] = {}
+
+
+def register(name: str, kind: str, suffix: str, description: str) -> Callable[[Render], Render]:
+    def wrap(fn: Render) -> Render:
+        if name in _REGISTRY:
+            raise ValueError(f"reporter {name!r} registered twice")
+        _REGISTRY[name] = Reporter(name, kind, suffix, description, fn)
+        return fn
+
+    return wrap
+
+
+def reporters(kind: str | None = None) -> dict[str, Reporter]:
+    _load_builtin()
+    return {n: r for n, r in _REGISTRY.items() if kind is None or r.kind == kind}
+
+
+def get(name: str, kind: str | None = None) -> Reporter:
+    available = reporters(kind)
+    if name not in available:
+        raise MemprofError(f"unknown format {name!r} (available: {', '.join(sorted(available))})")
+    return available[name]
+
+
+def render(name: str, cap: Capture, **options: Any) -> str:
+    return get(name).render(cap, **options)
+
+
+def _load_builtin() -> None:
+    from memprof.reporters import chrome, text  # noqa: F401  (registers on import)

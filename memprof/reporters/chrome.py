@@ -1,0 +1,182 @@
+"""Chrome / Perfetto trace export (Trace Event Format, JSON object form) and its validator.
+
+Layout: pid 0 holds the host threads with op, kernel and compiled-graph slices; each device
+gets its own process with an `allocated` counter (and `reserved` on CUDA), step markers,
+OOM markers and a marker at the peak. Counters longer than `max_counter_points` are
+down-sampled by keeping each bucket's minimum and maximum, so the peak is always kept.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from memprof._events import Kind, device_name
+from memprof.capture import Capture
+from memprof.reporters import register
+from memprof.summary import fmt_bytes
+from memprof.timeline import scope_slices
+
+DEFAULT_MAX_COUNTER_POINTS = 200_000
+
+
+def downsample(values: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices to keep: all if few, else each bucket's min and max plus both ends."""
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n)
+    buckets = max(1, max_points // 2 - 1)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    keep = [0, n - 1]
+    starts = edges[:-1]
+    ok = edges[1:] > starts
+    keep.extend((np.minimum.reduceat(np.arange(n), starts[ok])).tolist())  # bucket starts (shape)
+    order_max = [int(s + np.argmax(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
+    order_min = [int(s + np.argmin(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
+    keep.extend(order_max)
+    keep.extend(order_min)
+    return np.unique(np.asarray(keep, dtype=np.int64))
+
+
+def _category(name: str) -> str:
+    if name.startswith("## Call CompiledFxGraph"):
+        return "compiled_graph"
+    if name.startswith(("triton_", "cpp_fused", "cuda_fused")):
+        return "kernel"
+    if name.startswith("autograd::engine"):
+        return "backward"
+    if name.startswith("aten::"):
+        return "op"
+    return "scope"
+
+
+def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS) -> dict[str, Any]:
+    raw = cap.raw
+    t0 = int(cap.meta.get("t_start_ns", int(raw["t_ns"].min()) if len(raw) else 0))
+
+    def us(t: int | np.ndarray) -> Any:
+        return np.round((np.asarray(t, dtype=np.int64) - t0) / 1000.0, 3)
+
+    meta_events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "host threads (ops, kernels)"}},
+        {"ph": "M", "pid": 0, "name": "process_sort_index", "args": {"sort_index": 0}},
+    ]
+    for t in cap.threads:
+        label = t.get("name") or "thread"
+        meta_events.append({"ph": "M", "pid": 0, "tid": int(t["index"]), "name": "thread_name",
+                            "args": {"name": f"{label} (tid {t.get('tid')})"}})
+    events: list[dict[str, Any]] = []
+
+    for sl in scope_slices(raw, int(cap.meta.get("t_stop_ns", t0))):
+        name = cap.scope_name(sl.scope)
+        ev: dict[str, Any] = {"ph": "X", "pid": 0, "tid": sl.thread, "name": name, "cat": _category(name),
+                              "ts": float(us(sl.t_begin_ns)), "dur": float(round((sl.t_end_ns - sl.t_begin_ns) / 1000.0, 3))}
+        if not sl.closed:
+            ev["args"] = {"closed": False}
+        events.append(ev)
+
+    steps = np.flatnonzero(raw["kind"] == Kind.STEP)
+    for pid, dev in enumerate(cap.devices, start=1):
+        meta_events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{dev} memory"}})
+        meta_events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
+        tl = cap.timeline(dev)
+        keep = downsample(tl.allocated, max_counter_points)
+        events.append({"ph": "C", "pid": pid, "name": "allocated", "ts": 0.0, "args": {"bytes": tl.baseline}})
+        for ts, v in zip(us(tl.t_ns[keep]).tolist(), tl.allocated[keep].tolist(), strict=True):
+            events.append({"ph": "C", "pid": pid, "name": "allocated", "ts": max(ts, 0.0), "args": {"bytes": v}})
+        if tl.has_reserved:
+            events.append({"ph": "C", "pid": pid, "name": "reserved", "ts": 0.0, "args": {"bytes": tl.reserved_baseline}})
+            rkeep = downsample(tl.reserved, max_counter_points)
+            for ts, v in zip(us(tl.reserved_t_ns[rkeep]).tolist(), tl.reserved[rkeep].tolist(), strict=True):
+                events.append({"ph": "C", "pid": pid, "name": "reserved", "ts": max(ts, 0.0), "args": {"bytes": v}})
+        if tl.peak_pos >= 0:
+            row = int(tl.rows[tl.peak_pos])
+            events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"peak {fmt_bytes(tl.peak)}",
+                           "cat": "peak", "ts": max(float(us(tl.t_ns[tl.peak_pos])), 0.0),
+                           "args": {"bytes": tl.peak, "scope": cap.scope_name(int(raw["scope"][row])),
+                                    "stack": " > ".join(cap.scope_stack_at_peak(dev))}})
+        for r in steps:
+            events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"step {int(raw['bytes'][r])}",
+                           "cat": "step", "ts": max(float(us(raw["t_ns"][r])), 0.0),
+                           "args": {"allocated": tl.allocated_before_row(int(r) + 1)}})
+    for r in np.flatnonzero(raw["kind"] == Kind.OOM):
+        dev = device_name(int(raw["device_type"][r]), int(raw["device_index"][r]))
+        pid = cap.devices.index(dev) + 1 if dev in cap.devices else 0
+        events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": "OUT OF MEMORY", "cat": "oom",
+                       "ts": max(float(us(raw["t_ns"][r])), 0.0), "args": {"requested": int(raw["bytes"][r])}})
+
+    # one global time order; slices that start together: the outer (longer) one first
+    events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+    return {
+        "traceEvents": meta_events + events,
+        "displayTimeUnit": "ms",
+        "otherData": {"generator": f"memprof {cap.meta.get('memprof_version', '')}",
+                      "command": cap.meta.get("command"), "torch": cap.meta.get("torch_version")},
+    }
+
+
+@register("chrome", "export", ".json", "Chrome/Perfetto trace (Trace Event Format)")
+def render_chrome(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS) -> str:
+    return json.dumps(chrome_trace(cap, max_counter_points), separators=(",", ":"))
+
+
+def validate_chrome_trace(trace: Any) -> list[str]:
+    """Rule-based checks of a trace; returns the problems found (empty when valid).
+
+    Object form with a traceEvents list; every event has ph and pid; non-metadata events
+    have numeric, non-negative, non-decreasing timestamps; counters are non-negative
+    numbers; instants have a valid scope; complete slices nest properly on each thread.
+    """
+    problems: list[str] = []
+    if not isinstance(trace, dict) or not isinstance(trace.get("traceEvents"), list):
+        return ["not a Trace Event Format object with a traceEvents list"]
+    last_ts = -1.0
+    slices: dict[tuple[int, int], list[tuple[float, float, str]]] = defaultdict(list)
+    for i, ev in enumerate(trace["traceEvents"]):
+        if not isinstance(ev, dict) or "ph" not in ev or "pid" not in ev:
+            problems.append(f"event {i}: missing ph or pid")
+            continue
+        ph = ev["ph"]
+        if ph == "M":
+            if "name" not in ev or not isinstance(ev.get("args"), dict):
+                problems.append(f"event {i}: metadata without name/args")
+            continue
+        ts = ev.get("ts")
+        if not isinstance(ts, (int, float)) or ts < 0:
+            problems.append(f"event {i}: bad timestamp {ts!r}")
+            continue
+        if ts < last_ts:
+            problems.append(f"event {i}: timestamp {ts} before the previous {last_ts}")
+        last_ts = ts
+        if ph == "C":
+            args = ev.get("args")
+            if not isinstance(args, dict) or not args:
+                problems.append(f"event {i}: counter without series")
+            elif any(not isinstance(v, (int, float)) or v < 0 for v in args.values()):
+                problems.append(f"event {i}: counter {ev.get('name')} has a negative or non-numeric value")
+        elif ph == "X":
+            dur = ev.get("dur")
+            if not isinstance(dur, (int, float)) or dur < 0:
+                problems.append(f"event {i}: slice with bad duration {dur!r}")
+                continue
+            slices[(ev["pid"], ev.get("tid", 0))].append((float(ts), float(ts) + float(dur), str(ev.get("name"))))
+        elif ph in ("i", "I"):
+            if ev.get("s", "t") not in ("g", "p", "t"):
+                problems.append(f"event {i}: instant with bad scope {ev.get('s')!r}")
+        elif ph not in ("B", "E", "b", "e", "n", "s", "t", "f"):
+            problems.append(f"event {i}: unknown phase {ph!r}")
+    eps = 1e-3  # timestamps are rounded to 1 ns (0.001 us)
+    for (pid, tid), items in slices.items():
+        stack: list[tuple[float, float, str]] = []
+        for b, e, name in sorted(items, key=lambda x: (x[0], -x[1])):
+            while stack and stack[-1][1] <= b + eps:
+                stack.pop()
+            if stack and e > stack[-1][1] + eps:
+                problems.append(f"pid {pid} tid {tid}: slice {name!r} [{b}, {e}] overlaps {stack[-1][2]!r} "
+                                f"[{stack[-1][0]}, {stack[-1][1]}] without nesting")
+                continue
+            stack.append((b, e, name))
+    return problems

@@ -1,0 +1,76 @@
+"""The text and JSON summaries (`memprof report`, the `memprof trace` summary)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from memprof.capture import Capture
+from memprof.reporters import register
+from memprof.summary import fmt_bytes, summarize
+
+
+@register("json", "report", ".json", "peak summary as JSON")
+def render_json(cap: Capture, top: int = 8) -> str:
+    return json.dumps(summarize(cap, top), indent=1)
+
+
+@register("text", "report", ".txt", "peak summary as text")
+def render_text(cap: Capture, top: int = 8) -> str:
+    return format_summary(summarize(cap, top))
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    lines: list[str] = []
+    head = f"memprof: {s['events']:,} events over {s['duration_s']:.2f} s"
+    if s.get("command"):
+        head += f" · {s['command']}"
+    if s.get("budget") is not None:
+        head += f" · activation_memory_budget={s['budget']}"
+    lines.append(head)
+    if s.get("status") not in (None, "completed", "exit"):
+        lines.append(f"  the script ended early ({s['status']}): {s.get('error') or ''}".rstrip(": "))
+    lines.append(f"  {'device':<8} {'peak':>12} {'exact bytes':>15} {'at':>9} {'reserved peak':>14} {'live at peak':>13}")
+    for d in s["devices"]:
+        lines.append(
+            f"  {d['device']:<8} {fmt_bytes(d['peak_bytes']):>12} {d['peak_bytes']:>15,} "
+            f"{d['peak_t_s']:>8.3f}s {fmt_bytes(d['reserved_peak_bytes']):>14} {d['live_at_peak']:>13,}"
+        )
+    for d in s["devices"]:
+        if not d["largest"] and not d["steps"]:
+            continue
+        lines.append("")
+        lines.append(f"{d['device']} peak {fmt_bytes(d['peak_bytes'])}: largest live allocations")
+        for a in d["largest"]:
+            req = f" (requested {a['requested']:,} B)" if a["requested"] >= 0 and a["requested"] != a["bytes"] else ""
+            lines.append(f"  {fmt_bytes(a['bytes']):>10}  {a['scope'] or '(no scope)'}{req}, "
+                         f"allocated {a['age_ms']:.1f} ms before the peak")
+        if d["allocated_before_capture_bytes"]:
+            lines.append(f"  {fmt_bytes(d['allocated_before_capture_bytes']):>10}  allocated before the capture")
+        if d["scopes"]:
+            lines.append("  live bytes at the peak by allocating op/kernel:")
+            for sc in d["scopes"]:
+                lines.append(f"  {fmt_bytes(sc['bytes']):>10}  {sc['scope']} ({sc['count']} allocations)")
+        if d["stack_at_peak"]:
+            lines.append("  running at the peak: " + " > ".join(d["stack_at_peak"]))
+        complete = [st for st in d["steps"] if st["complete"]]
+        if complete:
+            peaks = [st["peak_bytes"] for st in complete]
+            lines.append(f"  {len(complete)} steps: peak per step {fmt_bytes(min(peaks))} .. {fmt_bytes(max(peaks))}"
+                         f" (step {complete[peaks.index(max(peaks))]['step']} highest)")
+        if d["inferred_sizes"]:
+            lines.append(f"  note: {d['inferred_sizes']} allocation sizes inferred from requested sizes "
+                         "(seen only by the CUDA tracker)")
+    for o in s["ooms"]:
+        free = f", {fmt_bytes(o['free_bytes'])} free on the device" if o["free_bytes"] is not None else ""
+        lines.append(f"OUT OF MEMORY on {o['device']} at {o['t_s']:.3f}s: requested "
+                     f"{fmt_bytes(o['requested_bytes'])}{free} (in {o['scope'] or 'no scope'})")
+    if s["dropped_events"]:
+        lines.append(f"WARNING: {s['dropped_events']:,} events dropped after max_events={s['max_events']:,}: "
+                     "byte counts after that point are incomplete; raise --max-events")
+    if s["unfollowed_events"]:
+        lines.append(f"note: {s['unfollowed_events']:,} allocator events came from threads memprof does not "
+                     "follow (seen by the CUDA tracker only)")
+    for n in s["notes"]:
+        lines.append(f"note: {n}")
+    return "\n".join(lines)

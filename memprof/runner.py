@@ -1,0 +1,124 @@
+"""Run an unmodified Python script as `python SCRIPT ARGS` would, inside this process."""
+
+from __future__ import annotations
+
+import builtins
+import signal
+import sys
+import traceback
+import types
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+
+from memprof.errors import MemprofError
+
+_PY_SUFFIXES = {".py", ".pyw"}
+
+
+def check_script(script: str) -> Path:
+    """The script's path, or a one-line error if it is missing or not a Python file."""
+    path = Path(script)
+    if not path.exists():
+        raise MemprofError(f"script {script} does not exist")
+    if path.is_dir():
+        raise MemprofError(f"script {script} is a directory, not a Python file")
+    try:
+        head = path.read_bytes()[:4096]
+    except OSError as exc:
+        raise MemprofError(f"cannot read script {script}: {exc.strerror or exc}") from None
+    shebang = head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0]
+    if path.suffix not in _PY_SUFFIXES and not shebang:
+        raise MemprofError(f"script {script} is not a Python file (expected a .py file)")
+    if b"\0" in head:
+        raise MemprofError(f"script {script} is not a Python file (it is binary)")
+    return path
+
+
+@dataclass
+class ScriptResult:
+    exit_code: int
+    status: str  # completed | exit | exception | oom | interrupted
+    error: str | None = None  # one line: the exception, for exception/oom
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised in the main thread so the capture is saved."""
+
+
+def _script_traceback(exc: BaseException, path: Path) -> TracebackType | None:
+    """The exception's traceback from the script's first frame on (memprof's frames removed)."""
+    tb = exc.__traceback__
+    target = str(path)
+    while tb is not None and tb.tb_frame.f_code.co_filename != target:
+        tb = tb.tb_next
+    return tb or exc.__traceback__
+
+
+def run_script(path: Path, args: list[str]) -> ScriptResult:
+    """Execute `path` as __main__ with sys.argv = [path, *args]; never raises for script errors."""
+    source = path.read_bytes()
+    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
+    saved_main = sys.modules.get("__main__")
+    main = types.ModuleType("__main__")
+    main.__dict__.update({"__file__": str(path), "__builtins__": builtins, "__cached__": None})
+    sys.argv = [str(path), *args]
+    script_dir = str(path.resolve().parent)
+    if sys.path:
+        sys.path[0] = script_dir
+    else:
+        sys.path.insert(0, script_dir)
+    sys.modules["__main__"] = main
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        raise _Terminated()
+
+    previous_term = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
+    try:
+        code = compile(source, str(path), "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+        return ScriptResult(0, "completed")
+    except SystemExit as exc:
+        return ScriptResult(_exit_code(exc.code), "exit")
+    except KeyboardInterrupt:
+        print("memprof: interrupted (Ctrl-C); the capture is saved", file=sys.stderr)
+        return ScriptResult(130, "interrupted", "KeyboardInterrupt")
+    except _Terminated:
+        print("memprof: terminated (SIGTERM); the capture is saved", file=sys.stderr)
+        return ScriptResult(143, "interrupted", "SIGTERM")
+    except BaseException as exc:  # the script's own error: print it as Python would
+        traceback.print_exception(type(exc), exc, _script_traceback(exc, path), file=sys.stderr)
+        status = "oom" if _is_oom(exc) else "exception"
+        line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
+        return ScriptResult(1, status, line)
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path:
+            sys.path[0] = saved_path0
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _is_oom(exc: BaseException) -> bool:
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()

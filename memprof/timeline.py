@@ -1,0 +1,288 @@
+"""Pure analysis of captured events: per-device timelines, peaks, live sets and steps.
+
+Everything here works on the raw event array (`memprof._events.EVENT_DTYPE`) with numpy;
+nothing prints or reads files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from memprof._events import FLAG_UNFOLLOWED_THREAD, SEGMENT_KINDS, Kind, parse_device
+
+# The CUDA caching allocator rounds requests up to 512-byte blocks; used only to
+# size allocations that memprof saw solely through the tracker (no block size).
+_CUDA_BLOCK = 512
+_MEMORY_KINDS = np.array([Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED], dtype=np.uint8)
+
+
+def _round_block(nbytes: np.ndarray) -> np.ndarray:
+    return ((np.abs(nbytes) + _CUDA_BLOCK - 1) // _CUDA_BLOCK) * _CUDA_BLOCK
+
+
+def device_mask(raw: np.ndarray, device: str) -> np.ndarray:
+    dtype, dindex = parse_device(device)
+    mask = raw["device_type"] == dtype
+    if dtype != 0:
+        mask &= raw["device_index"] == dindex
+    return np.asarray(mask)
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """Live bytes on one device after every allocation and free, in capture order.
+
+    `rows` index the capture's event array; `allocated[i]` is the live byte count
+    (the baseline included) just after event `rows[i]`. Frees and allocations are
+    paired by address: `free_of[i]` is the position of the free of the allocation
+    at position i (-1: still live at the end), `alloc_of` the reverse.
+    """
+
+    device: str
+    baseline: int
+    rows: np.ndarray
+    t_ns: np.ndarray
+    delta: np.ndarray
+    allocated: np.ndarray
+    is_alloc: np.ndarray
+    free_of: np.ndarray
+    alloc_of: np.ndarray
+    inferred: int = 0
+    has_reserved: bool = False  # segment events were captured (CUDA tracker attached)
+    reserved_baseline: int = 0
+    reserved_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    reserved_t_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    reserved: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    @property
+    def peak(self) -> int:
+        """The exact peak of live bytes (the baseline if nothing was allocated)."""
+        if len(self.allocated) == 0:
+            return self.baseline
+        return max(self.baseline, int(self.allocated.max()))
+
+    @property
+    def peak_pos(self) -> int:
+        """Position of the first event that reached the peak; -1 if the peak is the baseline."""
+        if len(self.allocated) == 0 or int(self.allocated.max()) <= self.baseline:
+            return -1
+        return int(np.argmax(self.allocated))
+
+    @property
+    def final(self) -> int:
+        return int(self.allocated[-1]) if len(self.allocated) else self.baseline
+
+    def pos_before_row(self, row: int) -> int:
+        """Position of the last memory event strictly before event `row` (-1 if none)."""
+        return int(np.searchsorted(self.rows, row, side="left")) - 1
+
+    def allocated_at_pos(self, pos: int) -> int:
+        return self.baseline if pos < 0 else int(self.allocated[pos])
+
+    def allocated_before_row(self, row: int) -> int:
+        """Live bytes just before event `row` happened."""
+        return self.allocated_at_pos(self.pos_before_row(row))
+
+    def reserved_before_row(self, row: int) -> int | None:
+        """Reserved bytes just before event `row`, when segment events were captured."""
+        if not self.has_reserved:
+            return None
+        pos = int(np.searchsorted(self.reserved_rows, row, side="left")) - 1
+        return self.reserved_baseline if pos < 0 else int(self.reserved[pos])
+
+    @property
+    def reserved_peak(self) -> int:
+        return max([self.reserved_baseline, *([int(self.reserved.max())] if len(self.reserved) else [])])
+
+    def live_positions(self, pos: int) -> np.ndarray:
+        """Positions of the captured allocations live just after position `pos`."""
+        n = len(self.rows)
+        idx = np.arange(min(pos + 1, n))
+        alive = self.is_alloc[idx] & ((self.free_of[idx] < 0) | (self.free_of[idx] > pos))
+        return idx[alive]
+
+
+def build_timeline(
+    raw: np.ndarray,
+    device: str,
+    baseline: int = 0,
+    reserved_baseline: int = 0,
+    has_reserved: bool = False,
+) -> Timeline:
+    """The timeline of one device from the raw events."""
+    on_device = device_mask(raw, device)
+    rows = np.flatnonzero(on_device & np.isin(raw["kind"], _MEMORY_KINDS)).astype(np.int64)
+    kinds = raw["kind"][rows]
+    ptrs = raw["ptr"][rows]
+    delta = raw["bytes"][rows].astype(np.int64)
+    is_alloc = (kinds == Kind.ALLOC) | (kinds == Kind.CUDA_ALLOC)
+
+    # Pair each allocation with the next free of the same address.
+    n = len(rows)
+    free_of = np.full(n, -1, dtype=np.int64)
+    alloc_of = np.full(n, -1, dtype=np.int64)
+    if n > 1:
+        order = np.lexsort((np.arange(n), ptrs))
+        same = ptrs[order][1:] == ptrs[order][:-1]
+        sorted_alloc = is_alloc[order]
+        pair = same & sorted_alloc[:-1] & ~sorted_alloc[1:]
+        a_pos, f_pos = order[:-1][pair], order[1:][pair]
+        free_of[a_pos] = f_pos
+        alloc_of[f_pos] = a_pos
+
+    # Events seen only by the CUDA tracker carry requested sizes, not block sizes:
+    # take the block size from the paired reporter event, else round the request.
+    inferred = 0
+    tracker_alloc = np.flatnonzero(kinds == Kind.CUDA_ALLOC)
+    if len(tracker_alloc):
+        paired = free_of[tracker_alloc]
+        exact = (paired >= 0) & (kinds[np.maximum(paired, 0)] == Kind.FREE)
+        delta[tracker_alloc[exact]] = -delta[paired[exact]]
+        delta[tracker_alloc[~exact]] = _round_block(delta[tracker_alloc[~exact]])
+        inferred += int((~exact).sum())
+    tracker_free = np.flatnonzero(kinds == Kind.CUDA_FREE_REQUESTED)
+    if len(tracker_free):
+        paired = alloc_of[tracker_free]
+        has = paired >= 0
+        delta[tracker_free[has]] = -delta[paired[has]]
+        delta[tracker_free[~has]] = -_round_block(delta[tracker_free[~has]])
+        inferred += int((~has).sum())
+
+    allocated = baseline + np.cumsum(delta) if n else np.zeros(0, np.int64)
+    seg_rows = np.flatnonzero(on_device & np.isin(raw["kind"], np.array(SEGMENT_KINDS, dtype=np.uint8)))
+    seg_rows = seg_rows.astype(np.int64)
+    reserved = reserved_baseline + np.cumsum(raw["bytes"][seg_rows].astype(np.int64))
+    return Timeline(
+        device=device,
+        baseline=int(baseline),
+        rows=rows,
+        t_ns=raw["t_ns"][rows].astype(np.int64),
+        delta=delta,
+        allocated=np.asarray(allocated, dtype=np.int64),
+        is_alloc=is_alloc,
+        free_of=free_of,
+        alloc_of=alloc_of,
+        inferred=inferred,
+        has_reserved=has_reserved,
+        reserved_baseline=int(reserved_baseline),
+        reserved_rows=seg_rows,
+        reserved_t_ns=raw["t_ns"][seg_rows].astype(np.int64),
+        reserved=np.asarray(reserved, dtype=np.int64),
+    )
+
+
+def unfollowed_count(raw: np.ndarray) -> int:
+    """Allocator events memprof saw only through the CUDA tracker (threads it does not follow)."""
+    return int(((raw["flags"] & FLAG_UNFOLLOWED_THREAD) != 0).sum())
+
+
+@dataclass(frozen=True)
+class StepStat:
+    """One training step: the events between two step markers."""
+
+    step: int
+    start_row: int  # first event row of the step
+    end_row: int  # the marker row that ends the step (exclusive), or len(events)
+    t_start_ns: int
+    t_end_ns: int
+    peak: int
+    allocated_at_end: int
+    reserved_at_end: int | None
+    complete: bool
+
+
+def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: int) -> list[StepStat]:
+    """Per-step peaks: step k spans from marker k-1 (or the capture start) to marker k.
+
+    Events after the last marker form an incomplete final step (when there are any).
+    """
+    markers = np.flatnonzero(raw["kind"] == Kind.STEP)
+    bounds = [0, *[int(m) for m in markers]]
+    numbers = [int(raw["bytes"][m]) for m in markers]
+    out: list[StepStat] = []
+    for i in range(len(bounds)):
+        start = bounds[i] if i == 0 else bounds[i] + 1
+        end = bounds[i + 1] if i + 1 < len(bounds) else len(raw)
+        complete = i + 1 < len(bounds)
+        if not complete and end <= start:
+            break
+        p0 = timeline.pos_before_row(start)
+        p1 = timeline.pos_before_row(end)
+        level = timeline.allocated_at_pos(p0)
+        inside = timeline.allocated[p0 + 1 : p1 + 1]
+        peak = max(level, int(inside.max())) if len(inside) else level
+        t0 = int(raw["t_ns"][bounds[i]]) if i > 0 else t_start_ns
+        t1 = int(raw["t_ns"][end]) if complete else t_stop_ns
+        out.append(
+            StepStat(
+                step=numbers[i] if complete else (numbers[-1] + 1 if numbers else 1),
+                start_row=start,
+                end_row=end,
+                t_start_ns=t0,
+                t_end_ns=t1,
+                peak=peak,
+                allocated_at_end=timeline.allocated_at_pos(p1),
+                reserved_at_end=timeline.reserved_before_row(end),
+                complete=complete,
+            )
+        )
+    return out
+
+
+def scope_stack_at(raw: np.ndarray, row: int) -> list[int]:
+    """Open scope ids (outermost first) on the thread of event `row`, just before it."""
+    thread = raw["thread"][row]
+    kinds = raw["kind"][:row]
+    mask = (raw["thread"][:row] == thread) & ((kinds == Kind.SCOPE_BEGIN) | (kinds == Kind.SCOPE_END))
+    stack: list[int] = []
+    for kind, scope in zip(kinds[mask].tolist(), raw["scope"][:row][mask].tolist(), strict=True):
+        if kind == Kind.SCOPE_BEGIN:
+            stack.append(scope)
+        elif scope in stack:
+            del stack[len(stack) - 1 - stack[::-1].index(scope) :]
+    return stack
+
+
+@dataclass(frozen=True)
+class Slice:
+    """A closed scope on one thread (an op, a kernel or a compiled graph call)."""
+
+    thread: int
+    scope: int
+    t_begin_ns: int
+    t_end_ns: int
+    depth: int
+    closed: bool  # False: still open when the capture stopped
+
+
+def scope_slices(raw: np.ndarray, t_stop_ns: int) -> list[Slice]:
+    """Pairs scope begin/end events per thread into properly nested slices."""
+    kinds = raw["kind"]
+    rows = np.flatnonzero((kinds == Kind.SCOPE_BEGIN) | (kinds == Kind.SCOPE_END))
+    stacks: dict[int, list[tuple[int, int]]] = {}
+    out: list[Slice] = []
+    for kind, scope, thread, t in zip(
+        kinds[rows].tolist(),
+        raw["scope"][rows].tolist(),
+        raw["thread"][rows].tolist(),
+        raw["t_ns"][rows].tolist(),
+        strict=True,
+    ):
+        stack = stacks.setdefault(thread, [])
+        if kind == Kind.SCOPE_BEGIN:
+            stack.append((scope, t))
+            continue
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] == scope:
+                # close this scope and any inner ones left open (ends not seen)
+                while len(stack) > i:
+                    s, t0 = stack.pop()
+                    out.append(Slice(thread, s, t0, t, len(stack), s == scope))
+                break
+    for thread, stack in stacks.items():
+        while stack:
+            s, t0 = stack.pop()
+            out.append(Slice(thread, s, t0, max(t0, t_stop_ns), len(stack), False))
+    return out
