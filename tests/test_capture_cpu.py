@@ -1,0 +1,152 @@
+"""Integration tests of the capture on real torch (CPU): exact bytes, backward, compiled steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import memprof
+from memprof.reporters import render
+from memprof._events import Kind
+
+
+def cpu_alloc_events(cap: memprof.Capture) -> np.ndarray:
+    ev = cap.events
+    return ev[((ev["kind"] == "alloc") | (ev["kind"] == "free")) & (ev["device"] == "cpu")]
+
+
+def test_known_pattern_is_captured_to_the_byte() -> None:
+    sizes = [1 << 10, 3 << 12, 1 << 20]
+    with memprof.capture() as cap:
+        tensors = [torch.empty(n, dtype=torch.float32) for n in sizes]
+        ptrs = [t.data_ptr() for t in tensors]
+        del tensors[1]
+        extra = torch.empty(5, dtype=torch.float64)
+        extra_ptr = extra.data_ptr()
+        del extra
+    mem = cpu_alloc_events(cap)
+    allocs = [(int(e["ptr"]), int(e["bytes"])) for e in mem if e["kind"] == "alloc"]
+    frees = [(int(e["ptr"]), int(e["bytes"])) for e in mem if e["kind"] == "free"]
+    assert allocs == [(ptrs[0], 4 << 10), (ptrs[1], 4 * (3 << 12)), (ptrs[2], 4 << 20), (extra_ptr, 40)]
+    assert frees == [(ptrs[1], -4 * (3 << 12)), (extra_ptr, -40)]
+    assert all(e["scope"] == "aten::empty" for e in mem if e["kind"] == "alloc")
+    assert all(e["scope"] == "" for e in mem if e["kind"] == "free")  # `del` runs no op
+    assert cap.peak("cpu") == (4 << 10) + 4 * (3 << 12) + (4 << 20)
+    live = cap.live_at_peak("cpu")
+    assert sum(a.bytes for a in live) == cap.peak("cpu")
+    assert [a.bytes for a in live] == sorted((a.bytes for a in live), reverse=True)
+
+
+def test_backward_allocations_and_frees_are_captured() -> None:
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(96, 48)
+    x = torch.randn(16, 96, requires_grad=True)
+    with memprof.capture() as cap:
+        lin(x).square().sum().backward()
+    assert lin.weight.grad is not None and x.grad is not None
+    mem = cpu_alloc_events(cap)
+    by_ptr = {int(e["ptr"]): e for e in mem if e["kind"] == "alloc"}
+    w = by_ptr[lin.weight.grad.data_ptr()]
+    assert w["bytes"] == 48 * 96 * 4
+    assert "Backward" in w["scope"] or w["scope"].startswith("aten::")
+    assert by_ptr[x.grad.data_ptr()]["bytes"] == 16 * 96 * 4
+    # the activation saved for backward (16x48 output of the linear layer) is freed by backward
+    act = [e for e in mem if e["kind"] == "alloc" and e["bytes"] == 16 * 48 * 4]
+    freed = {int(e["ptr"]) for e in mem if e["kind"] == "free"}
+    assert any(int(e["ptr"]) in freed for e in act)
+    scopes = set(cap.events["scope"])
+    assert any(s.startswith("autograd::engine::evaluate_function") for s in scopes)
+
+
+def test_compiled_step_peak_equals_largest_running_sum() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    step = torch.compile(model)
+    x = torch.randn(128, 64)
+    with memprof.capture() as cap:
+        for _ in range(3):
+            step(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    running, peak = 0, 0
+    for e in cpu_alloc_events(cap):
+        running += int(e["bytes"])
+        peak = max(peak, running)
+    assert peak > 128 * 256 * 4  # the hidden activation at least
+    assert cap.peak("cpu") == peak
+    steps = cap.steps("cpu")
+    assert [s.step for s in steps if s.complete] == [1, 2, 3]
+    assert max(s.peak for s in steps) == peak
+    scopes = set(cap.events["scope"])
+    assert any(s.startswith("## Call CompiledFxGraph") for s in scopes), "compiled-graph scopes missing"
+    stack = cap.scope_stack_at_peak("cpu")
+    assert stack, "no scope open at the peak"
+
+
+def test_explicit_steps_replace_optimizer_steps() -> None:
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([p], lr=0.1)
+    with memprof.capture() as cap:
+        (p * 2).sum().backward()
+        opt.step()  # marker 1 (optimizer)
+        assert memprof.step() == 2  # explicit from now on
+        opt.step()  # no marker
+        assert memprof.step() == 3
+    markers = cap.raw[cap.raw["kind"] == Kind.STEP]
+    assert markers["bytes"].tolist() == [1, 2, 3]
+    assert memprof.step() == 0  # no capture active
+
+
+def test_max_events_bounds_memory_and_counts_drops() -> None:
+    with memprof.capture(max_events=10) as cap:
+        for _ in range(20):
+            torch.empty(8)
+    assert len(cap.raw) == 10
+    assert cap.dropped > 0
+    text = render("text", cap)
+    assert "dropped" in text
+
+
+def test_second_capture_is_refused() -> None:
+    with memprof.capture(), pytest.raises(memprof.MemprofError, match="already active"), memprof.capture():
+        pass
+
+
+def test_refuses_to_start_under_torch_profiler() -> None:
+    with torch.profiler.profile(), pytest.raises(memprof.MemprofError, match="torch.profiler"), memprof.capture():
+        pass
+
+
+def test_profiler_started_during_capture_stops_it_cleanly() -> None:
+    with memprof.capture() as cap:
+        before = torch.empty(256)
+        with torch.profiler.profile(profile_memory=True) as prof:
+            torch.empty(512)
+        del before
+    assert not cap.recording
+    assert cap.meta.get("stopped_by") == "torch.profiler"
+    assert any("torch.profiler" in n for n in cap.meta["notes"])
+    assert cap.peak("cpu") == 1024  # only the allocation before the profiler started
+    names = {e.name for e in prof.events()}
+    assert "aten::empty" in names  # the profiler itself worked
+    assert not memprof.active()
+
+
+def test_events_view_columns() -> None:
+    with memprof.capture() as cap:
+        t = torch.zeros(3, dtype=torch.int64)
+        del t
+    ev = cap.events
+    for name in ("t_ns", "kind", "bytes", "device", "scope", "seq"):
+        assert name in ev.dtype.names
+    assert ev["t_ns"].dtype == np.int64 and ev["bytes"].dtype == np.int64
+    assert (np.diff(ev["t_ns"]) >= 0).all()
+    mem = ev[ev["kind"] == "alloc"]
+    assert mem["device"].tolist() == ["cpu"] and mem["bytes"].tolist() == [24]
+
+
+def test_capture_data_before_stop_is_an_error() -> None:
+    with memprof.capture() as cap, pytest.raises(memprof.MemprofError, match="still running"):
+        _ = cap.events

@@ -1,0 +1,70 @@
+"""Chrome/Perfetto export: structure, the peak marker, and the validator's rules."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import memprof
+from memprof.reporters import render
+from memprof.reporters.chrome import chrome_trace, validate_chrome_trace
+
+
+@pytest.fixture(scope="module")
+def cap() -> memprof.Capture:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    opt = torch.optim.Adam(model.parameters())
+    with memprof.capture() as cap:
+        for _ in range(3):
+            model(torch.randn(64, 32)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return cap
+
+
+def test_export_is_valid_and_complete(cap: memprof.Capture) -> None:
+    trace = json.loads(render("chrome", cap))
+    assert validate_chrome_trace(trace) == []
+    evs = trace["traceEvents"]
+    names = {(e["ph"], e["name"]) for e in evs}
+    assert ("M", "process_name") in names
+    counters = [e for e in evs if e["ph"] == "C" and e["name"] == "allocated"]
+    assert max(e["args"]["bytes"] for e in counters) == cap.peak("cpu")
+    peaks = [e for e in evs if e["ph"] == "i" and e.get("cat") == "peak"]
+    assert len(peaks) == 1 and peaks[0]["args"]["bytes"] == cap.peak("cpu")
+    steps = [e for e in evs if e.get("cat") == "step"]
+    assert [e["name"] for e in steps] == ["step 1", "step 2", "step 3"]
+    slices = [e for e in evs if e["ph"] == "X"]
+    assert any(e["name"] == "aten::addmm" for e in slices)
+    assert any(e["cat"] == "backward" for e in slices)
+
+
+def test_downsampled_counter_keeps_the_exact_peak(cap: memprof.Capture) -> None:
+    trace = chrome_trace(cap, max_counter_points=16)
+    assert validate_chrome_trace(trace) == []
+    counters = [e for e in trace["traceEvents"] if e["ph"] == "C" and e["name"] == "allocated"]
+    assert len(counters) <= 20
+    assert max(e["args"]["bytes"] for e in counters) == cap.peak("cpu")
+
+
+def _trace(*events: dict[str, object]) -> dict[str, object]:
+    return {"traceEvents": list(events)}
+
+
+def test_validator_rules() -> None:
+    ok = _trace({"ph": "X", "pid": 0, "tid": 1, "name": "a", "ts": 0, "dur": 10},
+                {"ph": "X", "pid": 0, "tid": 1, "name": "b", "ts": 2, "dur": 3},
+                {"ph": "C", "pid": 1, "name": "allocated", "ts": 4, "args": {"bytes": 5}})
+    assert validate_chrome_trace(ok) == []
+    overlap = _trace({"ph": "X", "pid": 0, "tid": 1, "name": "a", "ts": 0, "dur": 10},
+                     {"ph": "X", "pid": 0, "tid": 1, "name": "b", "ts": 5, "dur": 10})
+    assert any("without nesting" in p for p in validate_chrome_trace(overlap))
+    negative = _trace({"ph": "C", "pid": 1, "name": "allocated", "ts": 0, "args": {"bytes": -1}})
+    assert any("negative" in p for p in validate_chrome_trace(negative))
+    backwards = _trace({"ph": "i", "pid": 1, "name": "x", "ts": 5, "s": "p"},
+                       {"ph": "i", "pid": 1, "name": "y", "ts": 4, "s": "p"})
+    assert any("before the previous" in p for p in validate_chrome_trace(backwards))
+    assert validate_chrome_trace([1, 2]) != []

@@ -1,0 +1,109 @@
+"""Unit tests of the pure timeline analysis on synthetic event arrays."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from memprof._events import EVENT_DTYPE, FLAG_UNFOLLOWED_THREAD, Kind, device_name, parse_device
+from memprof.reporters.chrome import downsample
+from memprof.timeline import build_timeline, scope_slices, scope_stack_at, step_stats
+
+
+def events(*rows: tuple[int, int, int, int] | tuple[int, int, int, int, int]) -> np.ndarray:
+    """rows of (kind, bytes, ptr, scope[, flags]) on cuda:0, t_ns = 10 * index."""
+    out = np.zeros(len(rows), dtype=EVENT_DTYPE)
+    for i, row in enumerate(rows):
+        kind, nbytes, ptr, scope = row[:4]
+        out[i]["t_ns"] = 10 * i
+        out[i]["kind"] = kind
+        out[i]["bytes"] = nbytes
+        out[i]["ptr"] = ptr
+        out[i]["scope"] = scope
+        out[i]["aux"] = -1
+        out[i]["flags"] = row[4] if len(row) > 4 else 0
+        is_mem = kind in (Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED,
+                          Kind.SEGMENT_ALLOC, Kind.SEGMENT_FREE)
+        out[i]["device_type"] = 1 if is_mem else -1
+        out[i]["device_index"] = 0 if is_mem else -1
+    return out
+
+
+def test_device_names_round_trip() -> None:
+    assert device_name(0, -1) == "cpu"
+    assert device_name(1, 3) == "cuda:3"
+    assert parse_device("cuda:3") == (1, 3)
+    assert parse_device("cpu") == (0, -1)
+    with pytest.raises(ValueError):
+        parse_device("gpu")
+
+
+def test_running_sum_peak_and_pairing() -> None:
+    A, F = Kind.ALLOC, Kind.FREE
+    raw = events((A, 100, 1, 0), (A, 50, 2, 0), (F, -100, 1, 0), (A, 200, 1, 0), (F, -50, 2, 0), (F, -200, 1, 0))
+    tl = build_timeline(raw, "cuda:0", baseline=1000)
+    assert tl.allocated.tolist() == [1100, 1150, 1050, 1250, 1200, 1000]
+    assert tl.peak == 1250 and tl.peak_pos == 3
+    assert tl.free_of.tolist() == [2, 4, -1, 5, -1, -1]
+    # live just after the peak: ptr 2 (50 B) and the second allocation of ptr 1 (200 B)
+    live = tl.live_positions(tl.peak_pos)
+    assert sorted(tl.delta[live].tolist()) == [50, 200]
+
+
+def test_peak_is_baseline_when_nothing_grows() -> None:
+    raw = events((Kind.FREE, -64, 9, 0))
+    tl = build_timeline(raw, "cuda:0", baseline=512)
+    assert tl.peak == 512 and tl.peak_pos == -1 and tl.final == 448
+
+
+def test_unfollowed_thread_sizes_are_recovered() -> None:
+    A, F = Kind.ALLOC, Kind.FREE
+    U, UF = Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED
+    f = FLAG_UNFOLLOWED_THREAD
+    raw = events(
+        (U, 1000, 7, 0, f),  # unseen allocation, freed by a followed thread: exact size from the free
+        (F, -1024, 7, 0),
+        (A, 2048, 8, 0),  # followed allocation freed on an unfollowed thread: size from the allocation
+        (UF, -2000, 8, 0, f),
+        (U, 100, 9, 0, f),  # never freed: rounded to the allocator's 512-byte blocks
+    )
+    tl = build_timeline(raw, "cuda:0")
+    assert tl.delta.tolist() == [1024, -1024, 2048, -2048, 512]
+    assert tl.inferred == 1
+
+
+def test_reserved_from_segments() -> None:
+    raw = events((Kind.SEGMENT_ALLOC, 2 << 20, 5, 0), (Kind.ALLOC, 512, 5, 0), (Kind.SEGMENT_FREE, -(2 << 20), 5, 0))
+    tl = build_timeline(raw, "cuda:0", reserved_baseline=4 << 20, has_reserved=True)
+    assert tl.reserved.tolist() == [6 << 20, 4 << 20]
+    assert tl.reserved_peak == 6 << 20
+    assert tl.reserved_before_row(2) == 6 << 20
+
+
+def test_steps_split_at_markers() -> None:
+    A, F, S = Kind.ALLOC, Kind.FREE, Kind.STEP
+    raw = events((A, 100, 1, 0), (F, -100, 1, 0), (S, 1, 0, 0), (A, 300, 2, 0), (S, 2, 0, 0), (F, -300, 2, 0))
+    tl = build_timeline(raw, "cuda:0", baseline=10)
+    steps = step_stats(raw, tl, 0, 100)
+    assert [(s.step, s.peak, s.allocated_at_end, s.complete) for s in steps] == [
+        (1, 110, 10, True), (2, 310, 310, True), (3, 310, 10, False)]
+
+
+def test_scope_stack_and_slices_nest() -> None:
+    B, E, A = Kind.SCOPE_BEGIN, Kind.SCOPE_END, Kind.ALLOC
+    raw = events((B, 0, 0, 1), (B, 0, 0, 2), (A, 64, 1, 2), (E, 0, 0, 2), (B, 0, 0, 3), (E, 0, 0, 3), (E, 0, 0, 1),
+                 (B, 0, 0, 4))
+    assert scope_stack_at(raw, 2) == [1, 2]
+    slices = scope_slices(raw, t_stop_ns=1000)
+    spans = sorted((s.scope, s.t_begin_ns, s.t_end_ns, s.depth, s.closed) for s in slices)
+    assert spans == [(1, 0, 60, 0, True), (2, 10, 30, 1, True), (3, 40, 50, 1, True), (4, 70, 1000, 0, False)]
+
+
+def test_downsample_keeps_the_peak_and_ends() -> None:
+    rng = np.random.default_rng(0)
+    values = rng.integers(0, 1000, 100_000)
+    values[77_777] = 10**9
+    keep = downsample(values, 1000)
+    assert len(keep) <= 1500
+    assert 77_777 in keep and 0 in keep and len(values) - 1 in keep
+    assert values[keep].max() == values.max() and values[keep].min() == values.min()

@@ -1,0 +1,180 @@
+"""Capture overhead on the paper Llama (budget 0.13, compiled), side by side in one process.
+
+Variants run in rotating rounds (blocks of --block steps each, the order rotating every
+round) so drift hits them alike; each step is timed wall-clock with a CUDA sync at its end.
+Prints a table last: median and p10 step time, ratio to plain, capture bytes per event,
+and `memprof report` time on a capture of that run.
+
+    python tools/bench_overhead.py --batch 2 --batch 16 --rounds 6 --block 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import memprof  # noqa: E402
+import memprof.reporters  # noqa: E402
+
+
+def load_example():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("train_llama", ROOT / "examples" / "train_llama.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    sys.modules["train_llama"] = mod
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+LAST_CAPTURE: list[memprof.Capture] = []
+
+
+@contextlib.contextmanager
+def plain() -> Iterator[None]:
+    yield
+
+
+@contextlib.contextmanager
+def memprof_kernels() -> Iterator[None]:
+    with memprof.capture() as cap:
+        yield
+    LAST_CAPTURE[:] = [cap]
+
+
+@contextlib.contextmanager
+def memprof_ops() -> Iterator[None]:
+    with memprof.capture(kernels=False):
+        yield
+
+
+@contextlib.contextmanager
+def memory_history() -> Iterator[None]:
+    torch.cuda.memory._record_memory_history(stacks="python")
+    try:
+        yield
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+@contextlib.contextmanager
+def torch_profiler() -> Iterator[None]:
+    with torch.profiler.profile(profile_memory=True):
+        yield
+
+
+VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
+    "plain": plain,
+    "memprof": memprof_kernels,
+    "memprof --no-kernel-scopes": memprof_ops,
+    "_record_memory_history(python)": memory_history,
+    "torch.profiler(profile_memory)": torch_profiler,
+}
+
+
+def pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def bench(batch: int, rounds: int, block: int) -> list[dict[str, object]]:
+    ex = load_example()
+    import torch._functorch.config as fc
+
+    torch._dynamo.reset()
+    fc.activation_memory_budget = 0.13
+    size = ex.LlamaSize(**{**ex.PAPER.__dict__, "batch": batch})
+    model, ids = ex.build(size, "cuda")
+    fn = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def step() -> float:
+        t = time.perf_counter()
+        fn(input_ids=ids).last_hidden_state.sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    t = time.perf_counter()
+    step()
+    compile_s = time.perf_counter() - t
+    for make in VARIANTS.values():  # warm every variant once
+        with make():
+            for _ in range(3):
+                step()
+    times: dict[str, list[float]] = {k: [] for k in VARIANTS}
+    names = list(VARIANTS)
+    events = 0
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for name in order:
+            with VARIANTS[name]():
+                for _ in range(block):
+                    times[name].append(step())
+            if name == "memprof":
+                events += len(LAST_CAPTURE[0].raw)
+    cap = LAST_CAPTURE[0]
+    base = statistics.median(times["plain"])
+    rows: list[dict[str, object]] = []
+    for name in names:
+        med = statistics.median(times[name])
+        rows.append({"batch": batch, "variant": name, "steps": len(times[name]), "median_ms": med * 1e3,
+                     "p10_ms": pct(times[name], 0.1) * 1e3, "p90_ms": pct(times[name], 0.9) * 1e3,
+                     "ratio": med / base, "compile_s": compile_s})
+    # capture memory per event, and report time on the last memprof capture (one block)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "bench.memprof"
+        cap.save(path)
+        t = time.perf_counter()
+        loaded = memprof.load(path)
+        memprof.reporters.render("text", loaded)
+        in_process = time.perf_counter() - t
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "memprof", "report", str(path)], check=True, capture_output=True)
+        cli = time.perf_counter() - t
+    strings_bytes = sum(len(s) + 1 for s in cap.strings)
+    for row in rows:
+        if row["variant"] == "memprof":
+            row.update(events_per_step=len(cap.raw) / block, bytes_per_event=(cap.raw.nbytes + strings_bytes) / len(cap.raw),
+                       report_s_in_process=in_process, report_s_cli=cli, capture_events=len(cap.raw))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, action="append")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--block", type=int, default=10)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    rows: list[dict[str, object]] = []
+    for b in args.batch or [2]:
+        rows += bench(b, args.rounds, args.block)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    print(f"\npaper Llama, budget 0.13, Inductor, {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print(f"{'batch':>5} {'variant':<32} {'steps':>5} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'ratio':>6}  extra")
+    for r in rows:
+        extra = ""
+        if "bytes_per_event" in r:
+            extra = (f"{r['events_per_step']:.0f} ev/step, {r['bytes_per_event']:.1f} B/event, report "
+                     f"{r['report_s_in_process']:.2f} s in-process / {r['report_s_cli']:.2f} s CLI "
+                     f"({r['capture_events']} events)")
+        print(f"{r['batch']:>5} {r['variant']:<32} {r['steps']:>5} {r['median_ms']:>10.2f} {r['p10_ms']:>8.2f} "
+              f"{r['p90_ms']:>8.2f} {r['ratio']:>6.3f}  {extra}")
+
+
+if __name__ == "__main__":
+    main()
