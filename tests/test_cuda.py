@@ -64,7 +64,8 @@ def test_paper_llama_matches_the_allocator_to_the_byte(budget: float) -> None:
     assert cap.peak("cuda:0") == max_allocated
     tl = cap.timeline("cuda:0")
     assert tl.final == allocated_end
-    assert int(tl.reserved[-1]) if len(tl.reserved) else tl.reserved_baseline == reserved_end
+    final_reserved = int(tl.reserved[-1]) if len(tl.reserved) else tl.reserved_baseline
+    assert final_reserved == reserved_end
     ev = cap.raw
     cuda_allocs = ev[(ev["kind"] == Kind.ALLOC) & (ev["device_type"] == 1)]
     assert (cuda_allocs["aux"] >= 0).mean() > 0.99, "requested sizes missing from CUDA allocations"
