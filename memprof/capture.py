@@ -325,9 +325,9 @@ class _Recorder:
         self.meta["cuda_tracker"] = f"unavailable: {problem}"
         backend = torch.cuda.get_allocator_backend()
         if backend == "cudaMallocAsync":
-            self._note("the cudaMallocAsync allocator backend does not support allocator tracing: memprof "
-                       "records what PyTorch's memory reporter sees; reserved bytes, requested sizes, "
-                       "streams and segment events are missing")
+            self._note("the cudaMallocAsync allocator backend supports no allocator tracing, and on torch "
+                       "2.11 it reports no CUDA allocations to PyTorch's memory reporter either: memprof "
+                       "captures CPU allocations and scopes only; use the default (native) backend")
         else:
             self._note(f"CUDA allocator tracing unavailable ({problem}): reserved bytes are missing")
 

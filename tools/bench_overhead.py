@@ -162,8 +162,12 @@ def main() -> None:
     rows: list[dict[str, object]] = []
     for b in args.batch or [2]:
         rows += bench(b, args.rounds, args.block)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1))
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        print_table(rows)
+
+
+def print_table(rows: list[dict[str, object]]) -> None:
     print(f"\npaper Llama, budget 0.13, Inductor, {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'batch':>5} {'variant':<32} {'steps':>5} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'ratio':>6}  extra")
     for r in rows:
@@ -173,8 +177,7 @@ def main() -> None:
                      f"{r['report_s_in_process']:.2f} s in-process / {r['report_s_cli']:.2f} s CLI "
                      f"({r['capture_events']} events)")
         print(f"{r['batch']:>5} {r['variant']:<32} {r['steps']:>5} {r['median_ms']:>10.2f} {r['p10_ms']:>8.2f} "
-              f"{r['p90_ms']:>8.2f} {r['ratio']:>6.3f}  {extra}")
-
+              f"{r['p90_ms']:>8.2f} {r['ratio']:>6.3f}  {extra}", flush=True)
 
 if __name__ == "__main__":
     main()
