@@ -63,13 +63,13 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "memprof native capture core";
   m.def(
       "start",
-      [](size_t max_events, bool scopes) {
+      [](size_t max_events, unsigned scope_bits) {
         memprof::CaptureOptions options;
         options.max_events = max_events;
-        options.scopes = scopes;
+        options.scope_bits = scope_bits;
         memprof::start_capture(options);
       },
-      py::arg("max_events"), py::arg("scopes") = true);
+      py::arg("max_events"), py::arg("scope_bits"));
   m.def("stop", &memprof::stop_capture, "Stop the active capture; returns a warning or ''.");
   m.def("active", &memprof::capture_active);
   m.def("events", &copy_events_to_numpy, "Events of the last capture as raw bytes (uint8).");

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #ifdef MEMPROF_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -271,11 +272,13 @@ void start_capture(const CaptureOptions& options) {
   s->owner = std::this_thread::get_id();
   s->reporter = std::make_shared<Reporter>(s);
   c10::ThreadLocalDebugInfo::_push(c10::DebugInfoKind::PROFILER_STATE, s->reporter);
-  if (options.scopes) {
+  std::unordered_set<at::RecordScope, std::hash<at::RecordScope>> scopes;
+  if (options.scope_bits & kScopeFunction) scopes.insert(at::RecordScope::FUNCTION);
+  if (options.scope_bits & kScopeBackward) scopes.insert(at::RecordScope::BACKWARD_FUNCTION);
+  if (options.scope_bits & kScopeUser) scopes.insert(at::RecordScope::USER_SCOPE);
+  if (!scopes.empty()) {
     s->handle = at::addThreadLocalCallback(
-        at::RecordFunctionCallback(&on_scope_enter, &on_scope_exit)
-            .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION,
-                     at::RecordScope::USER_SCOPE}));
+        at::RecordFunctionCallback(&on_scope_enter, &on_scope_exit).scopes(scopes));
   }
   Session* previous = g_last;
   g_last = s;

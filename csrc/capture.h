@@ -12,9 +12,18 @@
 
 namespace memprof {
 
+enum ScopeBits : unsigned {
+  kScopeFunction = 1,  // aten ops and Inductor kernel launches
+  kScopeBackward = 2,  // autograd nodes
+  kScopeUser = 4,      // compiled-graph calls, torch.profiler.record_function regions
+};
+
 struct CaptureOptions {
   size_t max_events = size_t(1) << 24;
-  bool scopes = true;  // record RecordFunction op/kernel scopes
+  // RecordFunction scopes to record, as ScopeBits. Any FUNCTION-scope callback makes
+  // every aten op on the thread build a RecordFunction, the main cost of a capture;
+  // USER_SCOPE alone keeps compiled-graph calls and user record_function regions.
+  unsigned scope_bits = kScopeFunction | kScopeBackward | kScopeUser;
 };
 
 // Starts a capture on the calling thread (and the autograd threads it starts).

@@ -22,6 +22,10 @@ from memprof._native import native
 from memprof.errors import MemprofError
 from memprof.timeline import StepStat, Timeline, build_timeline, scope_stack_at, step_stats
 
+# RecordFunction scope sets (csrc/capture.h ScopeBits): "ops" records every aten op,
+# autograd node and Inductor kernel launch; "graphs" only compiled-graph calls and user
+# record_function regions (much cheaper: aten ops then skip RecordFunction entirely).
+SCOPE_BITS = {"ops": 1 | 2 | 4, "graphs": 4, "none": 0}
 DEFAULT_MAX_EVENTS = 1 << 24  # 16.7 M events, 56 B each; memory is taken in 1.8 MB chunks as needed
 
 
@@ -219,11 +223,11 @@ def _base_meta() -> dict[str, Any]:
 
 
 class _Recorder:
-    def __init__(self, cap: Capture, max_events: int, scopes: bool, kernels: bool) -> None:
+    def __init__(self, cap: Capture, max_events: int, scopes: str, kernels: bool) -> None:
         self.cap = cap
         self.max_events = max_events
         self.scopes = scopes
-        self.kernels = kernels and scopes
+        self.kernels = kernels and scopes != "none"
         self.thread_ident = threading.get_ident()
         self.step = 0
         self.explicit_steps = False
@@ -259,7 +263,7 @@ class _Recorder:
         if torch.cuda.is_available():
             self.meta["allocator_backend"] = torch.cuda.get_allocator_backend()
         try:
-            C.start(self.max_events, self.scopes)
+            C.start(self.max_events, SCOPE_BITS[self.scopes])
         except RuntimeError as exc:
             raise MemprofError(str(exc)) from None
         self.meta["t_start_ns"] = int(C.now_ns())
@@ -381,17 +385,21 @@ def _stop_active() -> None:
 def capture(
     *,
     max_events: int = DEFAULT_MAX_EVENTS,
-    scopes: bool = True,
+    scopes: str = "ops",
     kernels: bool = True,
     meta: dict[str, Any] | None = None,
 ) -> Iterator[Capture]:
     """Capture every allocation and free (CPU and CUDA) on this thread and its autograd threads.
 
-    `scopes` records op/kernel scopes (RecordFunction); `kernels` also makes Inductor name
-    each compiled graph call and Triton kernel launch. The yielded `Capture` is filled when
-    the block exits, also when it exits by an exception.
+    `scopes` picks the RecordFunction scopes recorded: "ops" (every aten op, autograd node and,
+    with `kernels`, each Triton kernel launch), "graphs" (compiled-graph calls and user
+    record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
+    open a scope for each compiled graph call and kernel launch. The yielded `Capture` is
+    filled when the block exits, also when it exits by an exception.
     """
     global _active
+    if scopes not in SCOPE_BITS:
+        raise MemprofError(f"scopes must be one of {sorted(SCOPE_BITS)}, got {scopes!r}")
     if max_events <= 0:
         raise MemprofError(f"max_events must be positive, got {max_events}")
     cap = Capture(meta=dict(meta or {}))

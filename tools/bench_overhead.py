@@ -60,6 +60,18 @@ def memprof_ops() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def memprof_graphs() -> Iterator[None]:
+    with memprof.capture(scopes="graphs"):
+        yield
+
+
+@contextlib.contextmanager
+def memprof_allocs() -> Iterator[None]:
+    with memprof.capture(scopes="none"):
+        yield
+
+
+@contextlib.contextmanager
 def memory_history() -> Iterator[None]:
     torch.cuda.memory._record_memory_history(stacks="python")
     try:
@@ -78,6 +90,8 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "plain": plain,
     "memprof": memprof_kernels,
     "memprof --no-kernel-scopes": memprof_ops,
+    "memprof --scopes graphs": memprof_graphs,
+    "memprof --scopes none": memprof_allocs,
     "_record_memory_history(python)": memory_history,
     "torch.profiler(profile_memory)": torch_profiler,
 }

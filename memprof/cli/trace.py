@@ -26,10 +26,12 @@ from memprof.cli.options import Budget
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("--max-events", type=click.IntRange(min=1), default=None,
               help="Bound on recorded events (extra events are counted as dropped).")
+@click.option("--scopes", type=click.Choice(["ops", "graphs", "none"]), default="ops", show_default=True,
+              help="Scopes recorded: every op and kernel, compiled-graph calls only (lower overhead), or none.")
 @click.option("--no-kernel-scopes", is_flag=True,
               help="Do not ask Inductor for per-kernel scopes (lower overhead; graph scopes also off).")
 def trace(script: str, script_args: tuple[str, ...], budget: float | None, output: str | None,
-          chrome: str | None, force: bool, max_events: int | None, no_kernel_scopes: bool) -> int:
+          chrome: str | None, force: bool, max_events: int | None, scopes: str, no_kernel_scopes: bool) -> int:
     """Run SCRIPT as `python SCRIPT ARGS` would, capturing every allocation.
 
     memprof's options may come before or after SCRIPT; other options go to the script,
@@ -60,7 +62,8 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, outpu
     cap = None
     result = None
     try:
-        with capture(max_events=max_events or DEFAULT_MAX_EVENTS, kernels=not no_kernel_scopes, meta=meta) as cap:
+        with capture(max_events=max_events or DEFAULT_MAX_EVENTS, scopes=scopes, kernels=not no_kernel_scopes,
+                     meta=meta) as cap:
             result = run_script(path, list(script_args))
     finally:
         if cap is not None and not cap.recording:
