@@ -10,9 +10,9 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from memprof.capture import Capture, LiveAllocation, active, capture, step  # noqa: E402
-from memprof.errors import CaptureFileError, MemprofError, NativeUnavailable  # noqa: E402
-from memprof.fileformat import load  # noqa: E402
+from memprof.capture import Capture, LiveAllocation, active, capture, step
+from memprof.errors import CaptureFileError, MemprofError, NativeUnavailable
+from memprof.fileformat import load
 
 __all__ = [
     "Capture",

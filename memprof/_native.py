@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 from types import ModuleType
 
 from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE
@@ -17,14 +18,16 @@ def native() -> ModuleType:
     try:
         import torch  # noqa: F401  (loads libtorch before the extension)
 
-        from memprof import _C
+        _C = importlib.import_module("memprof._C")
     except ImportError as exc:
         raise NativeUnavailable(f"memprof's native extension is not available ({exc}); {BUILD_HINT}") from None
     layout = _C.event_layout()
     if layout.pop("itemsize") != EVENT_ITEMSIZE:
         raise NativeUnavailable(f"memprof._C event layout does not match this memprof; rebuild it: {BUILD_HINT}")
+    fields = EVENT_DTYPE.fields
+    assert fields is not None
     for name, (offset, size) in layout.items():
-        field = EVENT_DTYPE.fields[name]
+        field = fields[name]
         if field[1] != offset or field[0].itemsize != size:
             raise NativeUnavailable(f"memprof._C field {name!r} does not match this memprof; {BUILD_HINT}")
     return _C

@@ -242,13 +242,13 @@ class _Recorder:
         import torch.autograd.profiler as autograd_profiler
 
         C = native()
-        if torch.autograd._profiler_enabled() or autograd_profiler._is_profiler_enabled:
+        if torch._C._autograd._profiler_enabled() or autograd_profiler._is_profiler_enabled:
             raise MemprofError(
                 "torch.profiler is already active; memprof and torch.profiler share PyTorch's profiler "
                 "slot, so stop the profiler before starting a capture"
             )
         baselines: dict[str, dict[str, int]] = {"cpu": {"allocated": 0, "reserved": 0}}
-        cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()
+        cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
         if cuda_ready:
             for d in range(torch.cuda.device_count()):
                 baselines[f"cuda:{d}"] = {

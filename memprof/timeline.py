@@ -19,7 +19,7 @@ _MEMORY_KINDS = np.array([Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE
 
 
 def _round_block(nbytes: np.ndarray) -> np.ndarray:
-    return ((np.abs(nbytes) + _CUDA_BLOCK - 1) // _CUDA_BLOCK) * _CUDA_BLOCK
+    return np.asarray(((np.abs(nbytes) + _CUDA_BLOCK - 1) // _CUDA_BLOCK) * _CUDA_BLOCK, dtype=np.int64)
 
 
 def device_mask(raw: np.ndarray, device: str) -> np.ndarray:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import memprof
-from memprof.reporters import render
 from memprof._events import Kind
+from memprof.reporters import render
 
 
 def cpu_alloc_events(cap: memprof.Capture) -> np.ndarray:
@@ -115,7 +115,7 @@ def test_second_capture_is_refused() -> None:
 
 
 def test_refuses_to_start_under_torch_profiler() -> None:
-    with torch.profiler.profile(), pytest.raises(memprof.MemprofError, match="torch.profiler"), memprof.capture():
+    with torch.profiler.profile(), pytest.raises(memprof.MemprofError, match=r"torch\.profiler"), memprof.capture():
         pass
 
 

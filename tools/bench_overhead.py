@@ -161,7 +161,8 @@ def bench(batch: int, rounds: int, block: int) -> list[dict[str, object]]:
     strings_bytes = sum(len(s) + 1 for s in cap.strings)
     for row in rows:
         if row["variant"] == "memprof":
-            row.update(events_per_step=len(cap.raw) / block, bytes_per_event=(cap.raw.nbytes + strings_bytes) / len(cap.raw),
+            row.update(events_per_step=len(cap.raw) / block,
+                       bytes_per_event=(cap.raw.nbytes + strings_bytes) / len(cap.raw),
                        report_s_in_process=in_process, report_s_cli=cli, capture_events=len(cap.raw))
     return rows
 
@@ -183,7 +184,8 @@ def main() -> None:
 
 def print_table(rows: list[dict[str, object]]) -> None:
     print(f"\npaper Llama, budget 0.13, Inductor, {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print(f"{'batch':>5} {'variant':<32} {'steps':>5} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} {'ratio':>6}  extra")
+    print(f"{'batch':>5} {'variant':<32} {'steps':>5} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} "
+          f"{'ratio':>6}  extra")
     for r in rows:
         extra = ""
         if "bytes_per_event" in r:

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 
-class _Formats(click.Choice):
+class _Formats(click.Choice):  # type: ignore[type-arg]  # generic only in click >= 8.2
     def __init__(self) -> None:
         from memprof.reporters import reporters
 

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 
-class Budget(click.ParamType):
+class Budget(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
     """An activation_memory_budget: a number in [0, 1]."""
 
     name = "budget"

@@ -72,8 +72,9 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
 
     for sl in scope_slices(raw, int(cap.meta.get("t_stop_ns", t0))):
         name = cap.scope_name(sl.scope)
+        dur = round((sl.t_end_ns - sl.t_begin_ns) / 1000.0, 3)
         ev: dict[str, Any] = {"ph": "X", "pid": 0, "tid": sl.thread, "name": name, "cat": _category(name),
-                              "ts": float(us(sl.t_begin_ns)), "dur": float(round((sl.t_end_ns - sl.t_begin_ns) / 1000.0, 3))}
+                              "ts": float(us(sl.t_begin_ns)), "dur": float(dur)}
         if not sl.closed:
             ev["args"] = {"closed": False}
         events.append(ev)
@@ -88,7 +89,8 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
         for ts, v in zip(us(tl.t_ns[keep]).tolist(), tl.allocated[keep].tolist(), strict=True):
             events.append({"ph": "C", "pid": pid, "name": "allocated", "ts": max(ts, 0.0), "args": {"bytes": v}})
         if tl.has_reserved:
-            events.append({"ph": "C", "pid": pid, "name": "reserved", "ts": 0.0, "args": {"bytes": tl.reserved_baseline}})
+            events.append({"ph": "C", "pid": pid, "name": "reserved", "ts": 0.0,
+                           "args": {"bytes": tl.reserved_baseline}})
             rkeep = downsample(tl.reserved, max_counter_points)
             for ts, v in zip(us(tl.reserved_t_ns[rkeep]).tolist(), tl.reserved[rkeep].tolist(), strict=True):
                 events.append({"ph": "C", "pid": pid, "name": "reserved", "ts": max(ts, 0.0), "args": {"bytes": v}})

@@ -30,7 +30,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(head)
     if s.get("status") not in (None, "completed", "exit"):
         lines.append(f"  the script ended early ({s['status']}): {s.get('error') or ''}".rstrip(": "))
-    lines.append(f"  {'device':<8} {'peak':>12} {'exact bytes':>15} {'at':>9} {'reserved peak':>14} {'live at peak':>13}")
+    lines.append(f"  {'device':<8} {'peak':>12} {'exact bytes':>15} {'at':>9} {'reserved peak':>14} "
+                 f"{'live at peak':>13}")
     for d in s["devices"]:
         lines.append(
             f"  {d['device']:<8} {fmt_bytes(d['peak_bytes']):>12} {d['peak_bytes']:>15,} "
