@@ -6,7 +6,6 @@ CppExtension otherwise. The choice does not depend on a GPU being present.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from setuptools import setup
@@ -14,15 +13,13 @@ from setuptools import setup
 try:
     import torch
     from torch.utils import cpp_extension
-except ImportError:  # pragma: no cover - build-time message
-    sys.exit("memprof: building needs torch installed first (pip install torch), "
-             "then pip install --no-build-isolation -e .")
+except ImportError as exc:  # pragma: no cover - build-time message
+    sys.exit(f"memprof: building needs torch importable ({exc}); install torch first, "
+             "then: pip install --no-build-isolation -e .")
 
 SOURCES = ["csrc/events.cpp", "csrc/capture.cpp", "csrc/bindings.cpp"]
+# The C++ standard is torch's choice (-std=c++17 on torch 2.11, c++20 on 2.13); the code builds with both.
 CXX_FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
-std = os.environ.get("MEMPROF_CXX_STD")  # e.g. c++20, to check both standards
-if std:
-    CXX_FLAGS.append(f"-std={std}")
 
 with_cuda = bool(torch.version.cuda) and cpp_extension.CUDA_HOME is not None
 if with_cuda:
