@@ -162,8 +162,8 @@ class Capture:
         if pos is None:
             pos = tl.peak_pos
         raw = self.raw
-        rows = tl.rows[tl.live_positions(pos)] if pos >= 0 else np.zeros(0, np.int64)
-        sizes = tl.delta[tl.live_positions(pos)] if pos >= 0 else np.zeros(0, np.int64)
+        live = tl.live_positions(pos) if pos >= 0 else np.zeros(0, np.int64)
+        rows, sizes = tl.rows[live], tl.delta[live]
         order = np.argsort(-sizes, kind="stable")
         return [
             LiveAllocation(
