@@ -33,7 +33,7 @@ def downsample(values: np.ndarray, max_points: int) -> np.ndarray:
     keep = [0, n - 1]
     starts = edges[:-1]
     ok = edges[1:] > starts
-    keep.extend((np.minimum.reduceat(np.arange(n), starts[ok])).tolist())  # bucket starts (shape)
+    keep.extend(starts[ok].tolist())  # bucket starts (shape)
     order_max = [int(s + np.argmax(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
     order_min = [int(s + np.argmin(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
     keep.extend(order_max)
