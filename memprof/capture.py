@@ -20,6 +20,7 @@ from memprof import __version__
 from memprof._events import EVENT_DTYPE, KIND_NAMES, Kind, device_name
 from memprof._native import native
 from memprof.errors import MemprofError
+from memprof.plans import CompiledGraph, Plan
 from memprof.timeline import StepStat, Timeline, build_timeline, scope_stack_at, step_stats
 
 # RecordFunction scope sets (csrc/capture.h ScopeBits): "ops" records every aten op,
@@ -56,8 +57,18 @@ class Capture:
         strings: list[str] | None = None,
         meta: dict[str, Any] | None = None,
         threads: list[dict[str, Any]] | None = None,
+        plans: list[Plan] | None = None,
+        graphs: list[CompiledGraph] | None = None,
+        tensors: list[tuple[int, str, int, int, str, str]] | None = None,
     ) -> None:
         self._raw = raw
+        self.plans: list[Plan] = plans if plans is not None else []
+        """One entry per compiled forward/backward pair (budget, saved, recomputed, random ops)."""
+        self.graphs: list[CompiledGraph] = graphs if graphs is not None else []
+        """The graphs Inductor compiled during the capture, with their wrapper code."""
+        self.tensors: list[tuple[int, str, int, int, str, str]] = tensors if tensors is not None else []
+        """Known tensors: (t_ns, device, ptr, bytes, category, name) for parameters, gradients, state."""
+        self._labels: dict[str, Any] = {}
         self.strings: list[str] = strings if strings is not None else [""]
         self.meta: dict[str, Any] = meta if meta is not None else {}
         self.threads: list[dict[str, Any]] = threads if threads is not None else []
@@ -179,6 +190,34 @@ class Capture:
         """The live set at the device's peak: each live allocation with bytes, time and scope."""
         return self.live_at(device, None)
 
+    def labels(self, device: str | None = None) -> Any:
+        """Category, FX node, layer and kernel of every allocation on a device (memprof.attribution)."""
+        from memprof.attribution import label_timeline
+
+        device = device or self.main_device
+        if device not in self._labels:
+            main = self.meta.get("main_thread")
+            self._labels[device] = label_timeline(self.raw, self.strings, self.timeline(device), self.plans,
+                                                  self.graphs, self.tensors, None if main is None else int(main))
+        return self._labels[device]
+
+    def attribution(self, at: str = "peak", by: str = "category", device: str | None = None) -> list[Any]:
+        """What is live at a point, grouped: rows with key, bytes, count, share (and category).
+
+        `at` is "peak" or "step:N" (the peak within step N); `by` is "category", "node",
+        "layer" or "kernel". The rows sum exactly to the live bytes at that point.
+        """
+        from memprof.attribution import BY, point_of, rows_at
+
+        if by not in BY:
+            raise MemprofError(f"by must be one of {', '.join(BY)}, got {by!r}")
+        tl = self.timeline(device)
+        try:
+            pos = point_of(tl, at, [(s.step, s.start_row, s.end_row) for s in self.steps(device)])
+        except ValueError as exc:
+            raise MemprofError(str(exc)) from None
+        return rows_at(tl, self.labels(device), pos, by)
+
     def scope_stack_at_peak(self, device: str | None = None) -> list[str]:
         """The op/kernel scopes open on the peak's thread when the peak was reached (outermost first)."""
         tl = self.timeline(device)
@@ -223,12 +262,15 @@ def _base_meta() -> dict[str, Any]:
 
 
 class _Recorder:
-    def __init__(self, cap: Capture, max_events: int, scopes: str, kernels: bool) -> None:
+    def __init__(self, cap: Capture, max_events: int, scopes: str, kernels: bool, plans: bool = True) -> None:
         self.cap = cap
+        self.record_plans = plans
+        self.plan_recorder: Any = None
         self.max_events = max_events
         self.scopes = scopes
         self.kernels = kernels and scopes != "none"
         self.thread_ident = threading.get_ident()
+        self.native_tid = threading.get_native_id()
         self.step = 0
         self.explicit_steps = False
         self._undo: list[Callable[[], None]] = []
@@ -295,6 +337,17 @@ class _Recorder:
             previous = autograd_profiler._is_profiler_enabled
             autograd_profiler._set_is_profiler_enabled(True)
             self._undo.append(lambda: autograd_profiler._set_is_profiler_enabled(previous))
+        # Compile plans: partitioner decisions, wrapper code and buffer origins of every
+        # graph compiled during the capture, and which tensors are parameters and state.
+        if self.record_plans:
+            from memprof.compile_hooks import PlanRecorder
+
+            self.plan_recorder = PlanRecorder(C.now_ns, self._note)
+            self.plan_recorder.install()
+            self._undo.append(self.plan_recorder.uninstall)
+            self.meta["plans"] = "recorded (Inductor and AOTAutograd caches off during the capture)"
+        else:
+            self.meta["plans"] = "off"
         # Steps: one marker per optimizer step unless the script calls memprof.step().
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -336,6 +389,11 @@ class _Recorder:
             self._note(f"CUDA allocator tracing unavailable ({problem}): reserved bytes are missing")
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self.plan_recorder is not None:
+            try:
+                self.plan_recorder.record_optimizer(optimizer)
+            except Exception as exc:  # never break the user's step
+                self._note(f"optimizer state not recorded ({type(exc).__name__}: {exc})")
         if not self.explicit_steps:
             self.mark_step(source="optimizer")
 
@@ -365,12 +423,18 @@ class _Recorder:
         self.meta.setdefault("step_source", None)
         self.meta["steps"] = self.step
         threads = [{"index": i, "tid": tid, "name": name} for i, tid, name in C.threads()]
+        main = [t["index"] for t in threads if t["tid"] == self.native_tid]
+        self.meta["main_thread"] = main[0] if main else None
         strings = list(C.strings())
         C.release()
         self.cap.meta.update({**self.meta, **self.cap.meta})
         self.cap._raw = raw
         self.cap.strings = strings
         self.cap.threads = threads
+        if self.plan_recorder is not None:
+            self.cap.plans = list(self.plan_recorder.plans)
+            self.cap.graphs = list(self.plan_recorder.graphs)
+            self.cap.tensors = list(self.plan_recorder.tensors)
 
 
 def _stop_active() -> None:
@@ -387,6 +451,7 @@ def capture(
     max_events: int = DEFAULT_MAX_EVENTS,
     scopes: str = "ops",
     kernels: bool = True,
+    plans: bool = True,
     meta: dict[str, Any] | None = None,
 ) -> Iterator[Capture]:
     """Capture every allocation and free (CPU and CUDA) on this thread and its autograd threads.
@@ -394,7 +459,9 @@ def capture(
     `scopes` picks the RecordFunction scopes recorded: "ops" (every aten op, autograd node and,
     with `kernels`, each Triton kernel launch), "graphs" (compiled-graph calls and user
     record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
-    open a scope for each compiled graph call and kernel launch. The yielded `Capture` is
+    open a scope for each compiled graph call and kernel launch. `plans` records what
+    torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
+    Inductor's caches are off meanwhile) for `Capture.attribution`. The yielded `Capture` is
     filled when the block exits, also when it exits by an exception.
     """
     global _active
@@ -403,7 +470,7 @@ def capture(
     if max_events <= 0:
         raise MemprofError(f"max_events must be positive, got {max_events}")
     cap = Capture(meta=dict(meta or {}))
-    rec = _Recorder(cap, max_events, scopes, kernels)
+    rec = _Recorder(cap, max_events, scopes, kernels, plans)
     with _lock:
         if _active is not None:
             raise MemprofError("a memprof capture is already active in this process")

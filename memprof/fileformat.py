@@ -4,6 +4,8 @@
     events.npy     the event array (memprof._events.EVENT_DTYPE), numpy format, no pickle
     strings.json   the interned scope names; events' `scope` indexes this list
     threads.json   [{index, tid, name}] for the events' `thread` column
+    plans.json     compile plans, compiled graphs (without their source) and known tensors (v2)
+    wrappers/N.py  the wrapper source of compiled graph N (v2)
 
 A file of a newer format version, a truncated or corrupt file, or a file that is not a
 memprof capture is refused with a one-line CaptureFileError.
@@ -28,9 +30,10 @@ from memprof.errors import CaptureFileError, MemprofError
 
 if TYPE_CHECKING:
     from memprof.capture import Capture
+    from memprof.plans import CompiledGraph, Plan
 
 FORMAT_NAME = "memprof"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: plans.json and wrappers/ (version 1 files still load)
 
 
 def check_writable(path: Path, force: bool) -> None:
@@ -64,6 +67,13 @@ def save(cap: Capture, path: Path) -> Path:
             zf.writestr("events.npy", events.getvalue())
             zf.writestr("strings.json", json.dumps(cap.strings))
             zf.writestr("threads.json", json.dumps(cap.threads))
+            zf.writestr("plans.json", json.dumps({
+                "plans": [p.to_json() for p in cap.plans],
+                "graphs": [g.to_json() for g in cap.graphs],
+                "tensors": [list(t) for t in cap.tensors],
+            }, separators=(",", ":")))
+            for i, g in enumerate(cap.graphs):
+                zf.writestr(f"wrappers/{i}.py", g.source)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -112,6 +122,8 @@ def load(path: str | os.PathLike[str]) -> Capture:
                 raise CaptureFileError(f"{p}: corrupt capture (missing events.npy)") from None
             strings = _read_json(zf, "strings.json", p)
             threads = _read_json(zf, "threads.json", p)
+            plans_doc = _read_json(zf, "plans.json", p) if "plans.json" in names else {}
+            sources = {n: zf.read(n).decode("utf-8", "replace") for n in names if n.startswith("wrappers/")}
     except CaptureFileError:
         raise
     except (zipfile.BadZipFile, zlib.error, EOFError):
@@ -126,8 +138,25 @@ def load(path: str | os.PathLike[str]) -> Capture:
         raise CaptureFileError(f"{p}: corrupt capture (bad string table)")
     if len(raw) and int(raw["scope"].max()) >= len(strings):
         raise CaptureFileError(f"{p}: corrupt capture (scope ids outside the string table)")
+    plans, graphs, tensors = _plans(plans_doc, sources, p)
     meta.pop("format", None)
     meta["format_version_read"] = meta.pop("format_version")
-    cap = Capture(raw=raw, strings=strings, meta=meta, threads=threads if isinstance(threads, list) else [])
+    cap = Capture(raw=raw, strings=strings, meta=meta, threads=threads if isinstance(threads, list) else [],
+                  plans=plans, graphs=graphs, tensors=tensors)
     cap.meta["path"] = str(p)
     return cap
+
+
+def _plans(doc: Any, sources: dict[str, str], path: Path) -> tuple[list[Plan], list[CompiledGraph], list[Any]]:
+    from memprof.plans import CompiledGraph, Plan
+
+    if not doc:
+        return [], [], []
+    try:
+        plans = [Plan.from_json(d) for d in doc.get("plans", [])]
+        graphs = [CompiledGraph.from_json(d, sources.get(f"wrappers/{i}.py", ""))
+                  for i, d in enumerate(doc.get("graphs", []))]
+        tensors = [(int(t[0]), str(t[1]), int(t[2]), int(t[3]), str(t[4]), str(t[5])) for t in doc.get("tensors", [])]
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise CaptureFileError(f"{path}: corrupt capture (bad plans.json: {type(exc).__name__})") from None
+    return plans, graphs, tensors

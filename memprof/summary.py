@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 
 from memprof._events import Kind, device_name
+from memprof.attribution import CATEGORIES
 from memprof.capture import Capture
+from memprof.plans import Plan
 from memprof.timeline import unfollowed_count
 
 
@@ -42,8 +44,22 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
             by_scope[a.scope or "(no scope)"][0] += a.bytes
             by_scope[a.scope or "(no scope)"][1] += 1
         scopes = sorted(by_scope.items(), key=lambda kv: -kv[1][0])[:top]
+        labels = cap.labels(dev)
+        pos_of_row = {int(r): i for i, r in zip(tl.live_positions(tl.peak_pos).tolist(),
+                                               tl.rows[tl.live_positions(tl.peak_pos)].tolist(), strict=True)} \
+            if tl.peak_pos >= 0 else {}
+        categories = [{"category": r.key, "bytes": r.bytes, "count": r.count, "share": r.share}
+                      for r in cap.attribution("peak", "category", dev) if r.bytes]
+        joins = [c for c in labels.calls]
+        reasons: dict[str, int] = defaultdict(int)
+        for c in joins:
+            if c.level != "buffer":
+                reasons[c.reason] += 1
         devices.append({
             "device": dev,
+            "categories_at_peak": categories,
+            "graph_calls": {"total": len(joins), "buffer_level": sum(c.level == "buffer" for c in joins),
+                            "kernel_level": dict(reasons)},
             "peak_bytes": tl.peak,
             "peak_t_s": (peak_t - t0) / 1e9,
             "baseline_bytes": tl.baseline,
@@ -55,6 +71,8 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
             "stack_at_peak": cap.scope_stack_at_peak(dev),
             "largest": [
                 {"bytes": a.bytes, "requested": a.requested, "scope": a.scope,
+                 "category": CATEGORIES[int(labels.category[pos_of_row[a.row]])],
+                 "node": labels.names[int(labels.node[pos_of_row[a.row]])],
                  "age_ms": (peak_t - a.t_ns) / 1e6, "ptr": a.ptr}
                 for a in live[:top]
             ],
@@ -74,6 +92,8 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
         for r in oom_rows
     ]
     return {
+        "plans": [plan_summary(p) for p in cap.plans],
+        "warnings": rng_warnings(cap),
         "path": meta.get("path"),
         "command": meta.get("command"),
         "budget": meta.get("budget"),
@@ -90,3 +110,30 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
         "ooms": ooms,
         "notes": list(meta.get("notes", [])),
     }
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    fw = plan.forward.by_name
+    return {
+        "index": plan.index, "backend": plan.backend, "budget": plan.budget,
+        "saved": len(plan.saved), "saved_bytes": sum(fw[n].bytes or 0 for n in plan.saved if n in fw),
+        "recomputed": len(plan.recomputed), "random_ops": len(plan.random_ops),
+        "recomputed_random": list(plan.recomputed_random), "masks": list(plan.masks), "status": plan.status,
+    }
+
+
+def rng_warnings(cap: Capture) -> list[str]:
+    """Plain statements of plans that recompute random ops in the backward (silently wrong gradients)."""
+    out: list[str] = []
+    for p in cap.plans:
+        if p.recomputed_random:
+            names = ", ".join(p.recomputed_random[:6]) + (f" and {len(p.recomputed_random) - 6} more"
+                                                          if len(p.recomputed_random) > 6 else "")
+            out.append(
+                f"compiled graph {p.index} ({p.backend}, activation_memory_budget={p.budget:g}) recomputes "
+                f"{len(p.recomputed_random)} random op(s) in the backward: {names}. The backward draws "
+                "fresh random numbers, so dropout masks differ from the forward's and the gradients are "
+                "silently wrong (pytorch/pytorch#190758). Use budget 1.0 for models with dropout, or set "
+                "torch._functorch.config.functionalize_rng_ops=True (CUDA)."
+            )
+    return out

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from memprof._events import Kind, device_name
+from memprof.attribution import CATEGORIES, Category, category_series
 from memprof.capture import Capture
 from memprof.reporters import register
 from memprof.summary import fmt_bytes
-from memprof.timeline import scope_slices
+from memprof.timeline import Slice, scope_slices
 
 DEFAULT_MAX_COUNTER_POINTS = 200_000
 
@@ -70,13 +71,20 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
                             "args": {"name": f"{label} (tid {t.get('tid')})"}})
     events: list[dict[str, Any]] = []
 
-    for sl in scope_slices(raw, int(cap.meta.get("t_stop_ns", t0))):
+    slices = scope_slices(raw, int(cap.meta.get("t_stop_ns", t0)))
+    kernel_nodes = _kernel_nodes(cap, slices)
+    for i, sl in enumerate(slices):
         name = cap.scope_name(sl.scope)
         dur = round((sl.t_end_ns - sl.t_begin_ns) / 1000.0, 3)
         ev: dict[str, Any] = {"ph": "X", "pid": 0, "tid": sl.thread, "name": name, "cat": _category(name),
                               "ts": float(us(sl.t_begin_ns)), "dur": float(dur)}
+        args: dict[str, Any] = {}
         if not sl.closed:
-            ev["args"] = {"closed": False}
+            args["closed"] = False
+        if i in kernel_nodes:
+            args["graph"], args["fx_nodes"] = kernel_nodes[i]
+        if args:
+            ev["args"] = args
         events.append(ev)
 
     steps = np.flatnonzero(raw["kind"] == Kind.STEP)
@@ -88,6 +96,13 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
         events.append({"ph": "C", "pid": pid, "name": "allocated", "ts": 0.0, "args": {"bytes": tl.baseline}})
         for ts, v in zip(us(tl.t_ns[keep]).tolist(), tl.allocated[keep].tolist(), strict=True):
             events.append({"ph": "C", "pid": pid, "name": "allocated", "ts": max(ts, 0.0), "args": {"bytes": v}})
+        series = category_series(tl, cap.labels(dev), keep)
+        present = [c for c in range(len(CATEGORIES)) if series[:, c].any() or c == Category.UNATTRIBUTED]
+        events.append({"ph": "C", "pid": pid, "name": "by category", "ts": 0.0,
+                       "args": {CATEGORIES[c]: (tl.baseline if c == Category.UNATTRIBUTED else 0) for c in present}})
+        for ts, vals in zip(us(tl.t_ns[keep]).tolist(), series[:, present].tolist(), strict=True):
+            events.append({"ph": "C", "pid": pid, "name": "by category", "ts": max(ts, 0.0),
+                           "args": {CATEGORIES[c]: v for c, v in zip(present, vals, strict=True)}})
         if tl.has_reserved:
             events.append({"ph": "C", "pid": pid, "name": "reserved", "ts": 0.0,
                            "args": {"bytes": tl.reserved_baseline}})
@@ -118,6 +133,37 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
         "otherData": {"generator": f"memprof {cap.meta.get('memprof_version', '')}",
                       "command": cap.meta.get("command"), "torch": cap.meta.get("torch_version")},
     }
+
+
+def _kernel_nodes(cap: Capture, slices: list[Slice]) -> dict[int, tuple[str, str]]:
+    """Slice index -> (graph, FX nodes) for kernel and extern-op slices directly inside a graph call."""
+    if not cap.graphs:
+        return {}
+    graphs = {g.scope_name: g for g in cap.graphs}
+    out: dict[int, tuple[str, str]] = {}
+    open_call: dict[int, tuple[int, Any, dict[str, int]]] = {}  # thread -> (depth, graph, occurrences)
+    order = sorted(range(len(slices)), key=lambda i: (slices[i].thread, slices[i].t_begin_ns, slices[i].depth))
+    for i in order:
+        sl = slices[i]
+        name = cap.scope_name(sl.scope)
+        if name in graphs:
+            open_call[sl.thread] = (sl.depth, graphs[name], {})
+            continue
+        current = open_call.get(sl.thread)
+        if current is None or sl.depth != current[0] + 1:
+            continue
+        _, graph, seen = current
+        calls = [c for c in graph.wrapper.calls if c.scope == name]
+        k = seen.get(name, 0)
+        seen[name] = k + 1
+        if k >= len(calls):
+            continue
+        call = calls[k]
+        bufs = [call.out] if call.out else [b for b, w in graph.wrapper.writer.items() if w == call.index]
+        nodes = [n for b in bufs for n in graph.origins.get(b, [])]
+        if nodes:
+            out[i] = (f"{graph.role} {graph.key}", ", ".join(dict.fromkeys(nodes)))
+    return out
 
 
 @register("chrome", "export", ".json", "Chrome/Perfetto trace (Trace Event Format)")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import Any
 
 from memprof.capture import Capture
 from memprof.reporters import register
-from memprof.summary import fmt_bytes, summarize
+from memprof.summary import fmt_bytes, rng_warnings, summarize
 
 
 @register("json", "report", ".json", "peak summary as JSON")
@@ -41,11 +42,24 @@ def format_summary(s: dict[str, Any]) -> str:
         if not d["largest"] and not d["steps"]:
             continue
         lines.append("")
+        if d.get("categories_at_peak"):
+            lines.append(f"{d['device']} peak {fmt_bytes(d['peak_bytes'])} by category:")
+            for c in d["categories_at_peak"]:
+                lines.append(f"  {fmt_bytes(c['bytes']):>10}  {c['share'] * 100:5.1f}%  {c['category']} "
+                             f"({c['count']:,} allocations)")
+        calls = d.get("graph_calls") or {}
+        if calls.get("total"):
+            kernel_level = sum(calls["kernel_level"].values())
+            text = f"  compiled-graph calls: {calls['total']}, joined to buffers and FX nodes: {calls['buffer_level']}"
+            if kernel_level:
+                why = "; ".join(f"{n}x {r}" for r, n in calls["kernel_level"].items())
+                text += f"; attributed at kernel level only: {kernel_level} ({why})"
+            lines.append(text)
         lines.append(f"{d['device']} peak {fmt_bytes(d['peak_bytes'])}: largest live allocations")
         for a in d["largest"]:
             req = f" (requested {a['requested']:,} B)" if a["requested"] >= 0 and a["requested"] != a["bytes"] else ""
-            lines.append(f"  {fmt_bytes(a['bytes']):>10}  {a['scope'] or '(no scope)'}{req}, "
-                         f"allocated {a['age_ms']:.1f} ms before the peak")
+            what = f"{a['node']} ({a['category']})" if a.get("node") else (a["scope"] or "(no scope)")
+            lines.append(f"  {fmt_bytes(a['bytes']):>10}  {what}{req}, allocated {a['age_ms']:.1f} ms before the peak")
         if d["allocated_before_capture_bytes"]:
             lines.append(f"  {fmt_bytes(d['allocated_before_capture_bytes']):>10}  allocated before the capture")
         if d["scopes"]:
@@ -62,6 +76,15 @@ def format_summary(s: dict[str, Any]) -> str:
         if d["inferred_sizes"]:
             lines.append(f"  note: {d['inferred_sizes']} allocation sizes inferred from requested sizes "
                          "(seen only by the CUDA tracker)")
+    if s.get("plans"):
+        lines.append("")
+        for p in s["plans"]:
+            lines.append(f"compile plan {p['index']} ({p['backend']}, budget {p['budget']:g}): "
+                         f"{p['saved']} saved values ({fmt_bytes(p['saved_bytes'])}), "
+                         f"{p['recomputed']} recomputed nodes, "
+                         f"{p['random_ops']} random ops, {len(p['masks'])} dropout masks")
+    for w in s.get("warnings", []):
+        lines.append(f"WARNING: {w}")
     for o in s["ooms"]:
         free = f", {fmt_bytes(o['free_bytes'])} free on the device" if o["free_bytes"] is not None else ""
         lines.append(f"OUT OF MEMORY on {o['device']} at {o['t_s']:.3f}s: requested "
@@ -75,3 +98,39 @@ def format_summary(s: dict[str, Any]) -> str:
     for n in s["notes"]:
         lines.append(f"note: {n}")
     return "\n".join(lines)
+
+
+@register("table", "report", ".txt", "attribution table (memprof report --by)")
+def render_table(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
+                 top: int = 20) -> str:
+    rows = cap.attribution(at=at, by=by, device=device)
+    total = sum(r.bytes for r in rows)
+    dev = device or cap.main_device
+    lines = [f"{dev} at {at}: {fmt_bytes(total)} live ({total:,} bytes) by {by}"]
+    width = min(60, max([len(r.key) for r in rows[:top]] + [len(by)]))
+    head = f"  {by:<{width}} {'bytes':>12} {'share':>7} {'count':>7}"
+    if by != "category":
+        head += "  category"
+    lines.append(head)
+    for r in rows[:top]:
+        line = f"  {r.key[:width]:<{width}} {fmt_bytes(r.bytes):>12} {r.share * 100:6.1f}% {r.count:>7,}"
+        if by != "category":
+            line += f"  {r.category}"
+        lines.append(line)
+    if len(rows) > top:
+        rest = rows[top:]
+        lines.append(f"  {'(' + str(len(rest)) + ' more)':<{width}} {fmt_bytes(sum(r.bytes for r in rest)):>12} "
+                     f"{sum(r.share for r in rest) * 100:6.1f}% {sum(r.count for r in rest):>7,}")
+    for w in rng_warnings(cap):
+        lines.append(f"WARNING: {w}")
+    return "\n".join(lines)
+
+
+@register("table-json", "report", ".json", "attribution table as JSON")
+def render_table_json(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
+                      top: int = 0) -> str:
+    rows = cap.attribution(at=at, by=by, device=device)
+    return json.dumps({
+        "device": device or cap.main_device, "at": at, "by": by, "bytes": sum(r.bytes for r in rows),
+        "rows": [asdict(r) for r in (rows[:top] if top else rows)], "warnings": rng_warnings(cap),
+    }, indent=1)

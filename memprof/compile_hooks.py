@@ -1,0 +1,408 @@
+"""Recording compile plans during a capture (the FX adapter; everything that touches torch.compile).
+
+While a capture runs, `PlanRecorder`:
+- wraps the partitioner: `torch._inductor.config.custom_partitioner_fn` under Inductor (its
+  `uuid()` is None, so no cache can skip it), `partition_fn` of every other AOTAutograd backend
+  (aot_eager, ...). It records both FX graphs, the saved values, the recomputed nodes, the
+  random ops and the budget. It never changes the partition and never fails the user's
+  compile: any internal error is recorded as a note and the stock result is returned.
+- captures each compiled graph's wrapper source and the FX nodes behind every buffer (from
+  Inductor's scheduler), and gives each graph a unique key so that its runtime
+  `## Call CompiledFxGraph <key> ##` scope can be joined to it.
+- turns Inductor's FX graph and AOTAutograd caches off for the capture: a cache hit would skip
+  the partitioner and code generation, and with them the plan.
+- records which tensors are parameters, gradients and optimizer state (`KnownTensors`).
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import re
+import threading
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+from memprof.plans import CompiledGraph, FxGraph, FxNode, Plan, RecomputedNode, module_path
+
+_RANDOM_OPS = re.compile(
+    r"^(rand|randn|randint|rand_like|randn_like|randint_like|randperm|bernoulli_?|normal_?|uniform_?|"
+    r"exponential_?|geometric_?|cauchy_?|log_normal_?|multinomial|poisson|native_dropout|dropout|"
+    r"feature_dropout|alpha_dropout|inductor_random|inductor_seeds|inductor_lookup_seed|philox_rand|"
+    r"run_and_save_rng_state)$"
+)
+_counter = itertools.count()
+
+
+def _op_name(target: Any) -> str:
+    name = getattr(target, "_opname", None)
+    if isinstance(name, str):
+        return name
+    return getattr(target, "__name__", str(target))
+
+
+def is_random_node(node: Any) -> bool:
+    """Whether an FX node draws random numbers (so recomputing it redraws them)."""
+    import torch
+
+    if node.op != "call_function":
+        return False
+    name = _op_name(node.target)
+    if name == "run_with_rng_state":  # replays saved RNG state: deterministic
+        return False
+    if _RANDOM_OPS.match(name):
+        return True
+    tags = getattr(node.target, "tags", ())
+    if torch.Tag.nondeterministic_seeded in tags:
+        # SDPA kernels carry the tag even without dropout: random only when dropout_p > 0
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None:
+            names = [a.name for a in schema.arguments]
+            if "dropout_p" in names:
+                i = names.index("dropout_p")
+                p = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else 0.0)
+                return not (isinstance(p, (int, float)) and p == 0)
+        return True
+    return False
+
+
+def _value_info(val: Any) -> tuple[list[int] | None, str | None, int | None]:
+    import torch
+
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return None, None, None
+    total: int | None = 0
+    for t in tensors:
+        try:
+            total = None if total is None else total + int(t.numel()) * t.element_size()
+        except Exception:  # symbolic sizes
+            total = None
+    first = tensors[0]
+    try:
+        shape: list[int] | None = [int(s) for s in first.shape]
+    except Exception:
+        shape = None
+    return shape, str(first.dtype).replace("torch.", ""), total
+
+
+def fx_graph(gm: Any) -> FxGraph:
+    """Plain-data copy of a GraphModule's nodes (taken before Inductor's passes mutate it)."""
+    random = {n.name for n in gm.graph.nodes if is_random_node(n)}
+    nodes: list[FxNode] = []
+    for n in gm.graph.nodes:
+        shape, dtype, nbytes = _value_info(n.meta.get("val"))
+        stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack") or {}
+        path = ""
+        if stack:
+            last = list(stack.values())[-1]
+            path = module_path(str(last[0] if isinstance(last, tuple) else last))
+        sources = n.meta.get("from_node") or []
+        source = str(getattr(sources[0], "name", "")) if sources else ""
+        mask = False
+        if dtype == "bool" and n.op == "call_function":
+            frontier, seen = list(n.all_input_nodes), 0
+            for _ in range(3):  # a mask is a comparison of (a view of) random values
+                if any(f.name in random for f in frontier):
+                    mask = True
+                    break
+                frontier = [i for f in frontier for i in f.all_input_nodes]
+                seen += len(frontier)
+                if seen > 64:
+                    break
+        nodes.append(FxNode(
+            name=n.name, op=n.op, target=str(n.target) if n.op != "placeholder" else "",
+            shape=shape, dtype=dtype, bytes=nbytes, users=[u.name for u in n.users],
+            module_path=path, source=source, random=n.name in random, mask=mask,
+        ))
+    return FxGraph(nodes)
+
+
+def build_plan(index: int, backend: str, partitioner: str, budget: float, num_fwd_outputs: int,
+               fw: Any, bw: Any) -> Plan:
+    """Describe a partition: saved values, recomputed nodes and where the backward uses them."""
+    fwg, bwg = fx_graph(fw), fx_graph(bw)
+    out = next(n for n in fw.graph.nodes if n.op == "output")
+    outs = out.args[0] if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    saved = [str(getattr(a, "name", a)) for a in outs[num_fwd_outputs:]]
+    fw_calls = {n.name for n in fwg.nodes if n.op == "call_function"}
+    bw_index = bwg.index
+    recomputed: list[RecomputedNode] = []
+    for i, n in enumerate(bwg.nodes):
+        if n.op == "call_function" and n.name in fw_calls:
+            uses = [bw_index[u] for u in n.users if u in bw_index]
+            recomputed.append(RecomputedNode(n.name, i, min(uses, default=i), max(uses, default=i),
+                                             fwg.by_name[n.name].bytes))
+    random_ops = [n.name for n in fwg.nodes if n.random]
+    rec_names = {r.name for r in recomputed}
+    masks = [n.name for n in fwg.nodes if n.mask and (n.name in saved or n.name in rec_names)]
+    return Plan(
+        index=index, backend=backend, partitioner=partitioner, budget=budget, num_fwd_outputs=num_fwd_outputs,
+        forward=fwg, backward=bwg, saved=saved, recomputed=recomputed, random_ops=random_ops,
+        recomputed_random=[n for n in random_ops if n in rec_names], masks=masks,
+    )
+
+
+def resolve_budget(joint: Any) -> float:
+    """The budget the partitioner applies: the config value, unless a node carries its own."""
+    import torch._functorch.config as functorch_config
+
+    for n in joint.graph.nodes:
+        b = n.meta.get("memory_budget")
+        if isinstance(b, float):
+            return b
+    return float(functorch_config.activation_memory_budget)
+
+
+class PlanRecorder:
+    """Installs the compile hooks for one capture and collects what they see."""
+
+    def __init__(self, now_ns: Callable[[], int], note: Callable[[str], None]) -> None:
+        self.now_ns = now_ns
+        self.note = note
+        self.plans: list[Plan] = []
+        self.graphs: list[CompiledGraph] = []
+        # known tensors: (t_ns, device, ptr, nbytes, category, name)
+        self.tensors: list[tuple[int, str, int, int, str, str]] = []
+        self.active = False
+        self._graph_plan: dict[int, int] = {}
+        self._local = threading.local()
+        self._undo: list[Callable[[], None]] = []
+        self._errors: set[str] = set()
+        self._param_names: dict[int, str] = {}
+
+    # -- install / uninstall ------------------------------------------------------------
+    def install(self) -> None:
+        self.active = True
+        try:
+            self._install_inductor()
+        except Exception as exc:  # an unexpected torch version: capture without plans
+            self._error(f"Inductor hooks unavailable ({type(exc).__name__}: {exc}); no compile plans")
+        try:
+            self._install_aot()
+        except Exception as exc:
+            self._error(f"AOTAutograd hook unavailable ({type(exc).__name__}: {exc})")
+
+    def uninstall(self) -> None:
+        self.active = False
+        while self._undo:
+            self._undo.pop()()
+
+    def _error(self, text: str) -> None:
+        if text not in self._errors:
+            self._errors.add(text)
+            self.note(text)
+
+    def _patch(self, obj: Any, name: str, value: Any) -> None:
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        self._undo.append(lambda: setattr(obj, name, old))
+
+    def _install_inductor(self) -> None:
+        import torch._functorch.config as functorch_config
+        import torch._inductor.compile_fx as compile_fx
+        import torch._inductor.config as inductor_config
+        from torch._inductor.custom_graph_pass import CustomPartitionerFn
+        from torch._inductor.graph import GraphLowering
+
+        recorder = self
+
+        class MemprofPartitioner(CustomPartitionerFn):  # type: ignore[misc]
+            """Records the plan of each partition; uuid() None keeps caches from skipping it."""
+
+            def __init__(self, inner: Any) -> None:
+                self.inner = inner
+
+            def __call__(self, gm: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+                return recorder.partition(self.inner, gm, joint_inputs, "inductor", kwargs)
+
+            def uuid(self) -> None:
+                return None
+
+        self._patch(inductor_config, "custom_partitioner_fn", MemprofPartitioner(inductor_config.custom_partitioner_fn))
+        self._patch(inductor_config, "force_disable_caches", True)
+        self._patch(functorch_config, "enable_autograd_cache", False)
+
+        original_codegen = GraphLowering.codegen
+
+        def codegen(graph: Any) -> Any:
+            result = original_codegen(graph)
+            stack = getattr(recorder._local, "codegens", None)
+            if recorder.active and stack:
+                try:
+                    stack[-1].append(recorder._origins(graph))
+                except Exception as exc:
+                    recorder._error(f"buffer origins not recorded ({type(exc).__name__}: {exc})")
+            return result
+
+        self._patch(GraphLowering, "codegen", codegen)
+
+        original_inner = compile_fx._compile_fx_inner
+
+        def compile_inner(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+            stack = recorder._local.__dict__.setdefault("codegens", [])
+            stack.append([])
+            try:
+                result = original_inner(gm, example_inputs, *args, **kwargs)
+            finally:
+                codegens = stack.pop()
+            if recorder.active:
+                try:
+                    recorder.add_graph(result, kwargs, codegens)
+                except Exception as exc:
+                    recorder._error(f"compiled graph not recorded ({type(exc).__name__}: {exc})")
+            return result
+
+        compile_inner.__wrapped__ = original_inner  # type: ignore[attr-defined]
+        self._patch(compile_fx, "_compile_fx_inner", compile_inner)
+
+    def _install_aot(self) -> None:
+        from torch._dynamo.backends.common import AotAutograd
+        from torch._functorch.partitioners import default_partition
+
+        recorder = self
+        original_call = AotAutograd.__call__
+
+        def call(backend: Any, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+            partition_fn = backend.kwargs.get("partition_fn", default_partition)
+            module = getattr(getattr(partition_fn, "func", partition_fn), "__module__", "") or ""
+            if not recorder.active or module.startswith("torch._inductor") or getattr(partition_fn, "_memprof", False):
+                return original_call(backend, gm, example_inputs, **kwargs)
+            name = getattr(backend.kwargs.get("fw_compiler"), "__name__", "aot")
+            label = "aot_eager" if name in ("boxed_nop", "nop") else f"aot_autograd({name})"
+
+            def wrapped(joint: Any, joint_inputs: Any, **kw: Any) -> Any:
+                return recorder.partition(partition_fn, joint, joint_inputs, label, kw)
+
+            wrapped._memprof = True  # type: ignore[attr-defined]
+            clone = AotAutograd(**{**backend.kwargs, "partition_fn": wrapped})
+            return original_call(clone, gm, example_inputs, **kwargs)
+
+        self._patch(AotAutograd, "__call__", call)
+
+    # -- recording ----------------------------------------------------------------------
+    def partition(self, inner: Any, gm: Any, joint_inputs: Any, backend: str, kwargs: dict[str, Any]) -> Any:
+        """Run the partitioner (the stock one unless the user set their own) and record its plan."""
+        from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+        fn = inner if inner is not None else min_cut_rematerialization_partition
+        budget = None
+        try:
+            budget = resolve_budget(gm)
+        except Exception as exc:
+            self._error(f"budget not resolved ({type(exc).__name__}: {exc})")
+        fw, bw = fn(gm, joint_inputs, **kwargs)
+        if not self.active:
+            return fw, bw
+        try:
+            index = len(self.plans)
+            plan = build_plan(index, backend, getattr(fn, "__name__", type(fn).__name__),
+                              budget if budget is not None else float("nan"),
+                              int(kwargs.get("num_fwd_outputs", 0)), fw, bw)
+            self.plans.append(plan)
+            self._local.last_plan = index
+            self._known_modules()
+        except Exception as exc:
+            self._error(f"a compile plan was not recorded ({type(exc).__name__}: {exc})")
+        return fw, bw
+
+    def _origins(self, graph: Any) -> dict[str, list[str]]:
+        order = {n.name: i for i, n in enumerate(graph.orig_gm.graph.nodes)}
+        out: dict[str, list[str]] = {}
+        for snode in graph.scheduler.nodes:
+            for sub in snode.get_nodes():
+                node = getattr(sub, "node", None)
+                origins = getattr(node, "origins", None) or ()
+                names = sorted({o.name for o in origins}, key=lambda s: (order.get(s, 1 << 30), s))
+                for buf in sub.get_outputs():
+                    out[buf.get_name()] = names
+        return out
+
+    def add_graph(self, result: Any, kwargs: dict[str, Any], codegens: list[dict[str, list[str]]]) -> None:
+        import torch._inductor.config as inductor_config
+
+        source = getattr(result, "source_code", None)
+        if not hasattr(result, "_fx_graph_cache_key") or not isinstance(source, str):
+            self._error(f"a compiled graph of type {type(result).__name__} has no Python wrapper; "
+                        "its allocations are attributed at kernel level")
+            return
+        key = result._fx_graph_cache_key
+        if not key:
+            key = f"memprof-{os.getpid()}-{next(_counter)}"
+            result._fx_graph_cache_key = key  # only names the graph's profiler scope
+        is_backward = bool(kwargs.get("is_backward"))
+        role = "backward" if is_backward else ("inference" if kwargs.get("is_inference") else "forward")
+        graph_id = kwargs.get("graph_id")
+        plan: int | None = None
+        if role == "forward":
+            plan = getattr(self._local, "last_plan", None)
+            self._local.last_plan = None
+            if plan is not None and graph_id is not None:
+                self._graph_plan[int(graph_id)] = plan
+        elif role == "backward" and graph_id is not None:
+            plan = self._graph_plan.get(int(graph_id))
+        notes: list[str] = []
+        if kwargs.get("cpp_wrapper"):
+            notes.append("cpp_wrapper")
+        cudagraphs = kwargs.get("cudagraphs")
+        if cudagraphs is not None and bool(getattr(cudagraphs, "value", cudagraphs)):
+            notes.append("CUDA graphs")
+        if inductor_config.memory_planning:
+            notes.append("memory planning")
+        origins = codegens[-1] if codegens else {}
+        self.graphs.append(CompiledGraph(key=str(key), role=role, plan=plan,
+                                         graph_id=None if graph_id is None else int(graph_id),
+                                         origins=origins, source=source, notes=notes))
+
+    def _add_tensor(self, t_ns: int, tensor: Any, category: str, name: str) -> None:
+        try:
+            if tensor.device.type == "meta" or getattr(tensor, "is_fake", False):
+                return
+            from torch._subclasses.fake_tensor import is_fake
+
+            if is_fake(tensor):
+                return
+            storage = tensor.untyped_storage()
+            ptr, nbytes = int(storage.data_ptr()), int(storage.nbytes())
+        except Exception:
+            return
+        if ptr and nbytes:
+            device = str(tensor.device) if tensor.device.type != "cuda" else f"cuda:{tensor.device.index or 0}"
+            self.tensors.append((t_ns, device, ptr, nbytes, category, name))
+
+    def _known_modules(self) -> None:
+        """Parameters and buffers of every live nn.Module (names from the outermost modules)."""
+        import torch
+
+        with warnings.catch_warnings():  # isinstance() on deprecated module proxies warns
+            warnings.simplefilter("ignore")
+            modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+        children = {id(c) for m in modules for c in m.children()}
+        t = self.now_ns()
+        seen: set[int] = set()
+        for root in modules:
+            if id(root) in children:
+                continue
+            for name, p in itertools.chain(root.named_parameters(), root.named_buffers()):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                self._param_names[id(p)] = name.removeprefix("_orig_mod.")
+                self._add_tensor(t, p, "parameter", name.removeprefix("_orig_mod."))
+
+    def record_optimizer(self, optimizer: Any) -> None:
+        """Parameters, gradients and optimizer state after an optimizer step."""
+        t = self.now_ns()
+        names = {id(p): self._param_names.get(id(p), f"param_groups[{gi}][{pi}]")
+                 for gi, g in enumerate(optimizer.param_groups) for pi, p in enumerate(g["params"])}
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                self._add_tensor(t, p, "parameter", names[id(p)])
+                if p.grad is not None:
+                    self._add_tensor(t, p.grad, "gradient", names[id(p)] + ".grad")
+                for key, value in optimizer.state.get(p, {}).items():
+                    if hasattr(value, "untyped_storage"):
+                        self._add_tensor(t, value, "optimizer_state", f"{names[id(p)]}.{key}")

@@ -1,0 +1,154 @@
+"""Compile plans: what the partitioner decided for each compiled forward/backward pair (pure data).
+
+Recorded by `memprof.compile_hooks` while a capture runs and stored in the .memprof file
+(`plans.json`, plus each compiled graph's wrapper source under `wrappers/`). Everything here
+is plain data with JSON round-trips; nothing imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from typing import Any
+
+from memprof.wrapper_code import WrapperCode, parse_wrapper
+
+
+@dataclass(frozen=True)
+class FxNode:
+    """One node of a partitioned FX graph."""
+
+    name: str
+    op: str  # placeholder, call_function, output, get_attr
+    target: str
+    shape: list[int] | None
+    dtype: str | None
+    bytes: int | None  # size of the value (sum over tuple outputs); None if symbolic
+    users: list[str]
+    module_path: str  # e.g. "layers.3.mlp.down_proj" ("" when unknown)
+    source: str  # the pre-partition (Dynamo) node it came from, when known
+    random: bool = False  # draws random numbers (dropout, rand*, inductor_random, ...)
+    mask: bool = False  # a boolean value computed from a random op (a dropout mask)
+
+
+@dataclass(frozen=True)
+class FxGraph:
+    nodes: list[FxNode]
+
+    @cached_property
+    def by_name(self) -> dict[str, FxNode]:
+        return {n.name: n for n in self.nodes}
+
+    @cached_property
+    def index(self) -> dict[str, int]:
+        return {n.name: i for i, n in enumerate(self.nodes)}
+
+
+@dataclass(frozen=True)
+class RecomputedNode:
+    """A forward value the backward recomputes: where it is defined and first/last used (node indices)."""
+
+    name: str
+    defined_at: int
+    first_use: int
+    last_use: int
+    bytes: int | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One forward/backward pair as the partitioner produced it."""
+
+    index: int
+    backend: str  # "inductor", "aot_eager", ...
+    partitioner: str  # the function that partitioned
+    budget: float
+    num_fwd_outputs: int
+    forward: FxGraph
+    backward: FxGraph
+    saved: list[str]  # forward outputs after num_fwd_outputs (what the backward receives)
+    recomputed: list[RecomputedNode]
+    random_ops: list[str]  # random forward nodes
+    recomputed_random: list[str]  # random nodes that the backward runs again (fresh randomness)
+    masks: list[str]  # boolean dropout masks (forward node names), saved or recomputed
+    status: str = "ok"  # "ok", or why the stock partitioner ran instead of memprof's wrapper
+    notes: list[str] = field(default_factory=list)
+
+    @cached_property
+    def recomputed_names(self) -> set[str]:
+        return {r.name for r in self.recomputed}
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Plan:
+        def graph(g: dict[str, Any]) -> FxGraph:
+            return FxGraph([FxNode(**n) for n in g["nodes"]])
+
+        return Plan(
+            index=int(d["index"]), backend=str(d["backend"]), partitioner=str(d.get("partitioner", "")),
+            budget=float(d["budget"]), num_fwd_outputs=int(d["num_fwd_outputs"]),
+            forward=graph(d["forward"]), backward=graph(d["backward"]), saved=list(d["saved"]),
+            recomputed=[RecomputedNode(**r) for r in d["recomputed"]], random_ops=list(d["random_ops"]),
+            recomputed_random=list(d["recomputed_random"]), masks=list(d.get("masks", [])),
+            status=str(d.get("status", "ok")), notes=list(d.get("notes", [])),
+        )
+
+
+@dataclass(frozen=True)
+class CompiledGraph:
+    """One graph Inductor compiled: its runtime scope key, role, plan and wrapper code."""
+
+    key: str  # `## Call CompiledFxGraph <key> ##`
+    role: str  # "forward", "backward" or "inference"
+    plan: int | None  # index into Capture.plans
+    graph_id: int | None
+    origins: dict[str, list[str]]  # buffer -> FX nodes it computes (post-grad graph order)
+    source: str  # the wrapper module's Python source
+    notes: list[str] = field(default_factory=list)
+
+    @cached_property
+    def wrapper(self) -> WrapperCode:
+        return parse_wrapper(self.source)
+
+    @property
+    def scope_name(self) -> str:
+        return f"## Call CompiledFxGraph {self.key} ##"
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "source"}
+        return d
+
+    @staticmethod
+    def from_json(d: dict[str, Any], source: str) -> CompiledGraph:
+        return CompiledGraph(
+            key=str(d["key"]), role=str(d["role"]), plan=None if d.get("plan") is None else int(d["plan"]),
+            graph_id=None if d.get("graph_id") is None else int(d["graph_id"]),
+            origins={str(k): list(v) for k, v in d.get("origins", {}).items()}, source=source,
+            notes=list(d.get("notes", [])),
+        )
+
+
+_PREFIX = re.compile(r"^L\['(?:self|args)'\](?:\[\d+\])?\.?")
+
+
+def module_path(raw: str) -> str:
+    """Normalize a Dynamo module path ("L['self'].layers[3].mlp") to "layers.3.mlp"."""
+    path = _PREFIX.sub("", raw)
+    path = re.sub(r"\[(\d+)\]", r".\1", path)
+    path = re.sub(r"\['([^']*)'\]", r".\1", path)
+    path = re.sub(r"^_orig_mod\.", "", path)
+    return path.strip(".")
+
+
+def layer_of(path: str) -> str:
+    """The layer a module path belongs to: up to the first numeric index ("layers.3"), else its head."""
+    if not path:
+        return ""
+    parts = path.split(".")
+    for i, p in enumerate(parts):
+        if p.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]

@@ -1,0 +1,264 @@
+"""Attribution on real compiled models (CPU, Inductor): plans, the buffer join, categories, rows.
+
+Each model is compiled once per module (about 30 s each on a CI core) and shared by the tests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import memprof
+from memprof.attribution import CATEGORIES, Category
+
+from .conftest import ROOT, run_memprof
+
+sys.path.insert(0, str(ROOT / "examples"))
+import train_bert
+import train_llama
+
+
+class _Logs(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def _train(module: object, budget: float, steps: int = 2) -> tuple[memprof.Capture, list[str]]:
+    """Capture a compiled model's training steps with the partitioner's debug logging on."""
+    import torch._functorch.config as functorch_config
+    import torch._functorch.partitioners as partitioners
+
+    torch._dynamo.reset()
+    logs = _Logs()
+    logger = logging.getLogger("torch._functorch.partitioners")
+    logger.addHandler(logs)
+    old_level, old_debug = logger.level, partitioners.AOT_PARTITIONER_DEBUG
+    logger.setLevel(logging.INFO)
+    partitioners.AOT_PARTITIONER_DEBUG = True
+    try:
+        with functorch_config.patch(activation_memory_budget=budget), memprof.capture() as cap:
+            model, ids = module.build(module.SMALL, "cpu")  # type: ignore[attr-defined]
+            step = torch.compile(model)
+            opt = torch.optim.AdamW(model.parameters())
+            for _ in range(steps):
+                step(input_ids=ids).last_hidden_state.sum().backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+    finally:
+        logger.removeHandler(logs)
+        logger.setLevel(old_level)
+        partitioners.AOT_PARTITIONER_DEBUG = old_debug
+    return cap, logs.lines
+
+
+@pytest.fixture(scope="module")
+def llama() -> Iterator[tuple[memprof.Capture, list[str]]]:
+    yield _train(train_llama, 0.1)
+
+
+@pytest.fixture(scope="module")
+def bert() -> Iterator[tuple[memprof.Capture, list[str]]]:
+    yield _train(train_bert, 1.0)
+
+
+def _check_plan_against_partitioner_log(plan: memprof.plans.Plan, lines: list[str]) -> None:
+    sizes = next(line for line in lines if line.startswith("Theoretical Per Activation Storage Sizes"))
+    logged_saved = set(re.findall(r"'([^']+)'\)", sizes))
+    counts = next(line for line in lines if line.startswith("# remat/fw/bw"))
+    remat, fw_ops, bw_ops = (int(x) for x in counts.split(": ")[1].split("/"))
+    fw = plan.forward.by_name
+    assert logged_saved <= set(plan.saved)
+    # what the log leaves out are the symbolic (non-tensor) saved values
+    assert all(fw[n].dtype is None for n in set(plan.saved) - logged_saved)
+    assert len(plan.recomputed) == remat
+    assert sum(n.op == "call_function" for n in plan.forward.nodes) == fw_ops
+    assert sum(n.op == "call_function" for n in plan.backward.nodes) == bw_ops
+    by_op = next(line for line in lines if line.startswith("Count of Ops Rematerialized"))
+    logged = dict(re.findall(r"\('([^']+)', (\d+)\)", by_op))
+    ours: dict[str, int] = {}
+    for r in plan.recomputed:
+        target = fw[r.name].target
+        packet = target.rsplit(".", 1)[0] if target.count(".") >= 2 else target
+        ours[packet] = ours.get(packet, 0) + 1
+    assert {k: int(v) for k, v in logged.items()} == {k: v for k, v in ours.items() if k in logged}
+
+
+def _assert_rows_sum(cap: memprof.Capture) -> None:
+    for at in ("peak", "step:1", "step:2"):
+        tl = cap.timeline("cpu")
+        for by in ("category", "node", "layer", "kernel"):
+            rows = cap.attribution(at=at, by=by, device="cpu")
+            total = sum(r.bytes for r in rows)
+            if at == "peak":
+                assert total == cap.peak("cpu") == tl.peak
+            else:
+                assert total == cap.peak("cpu", step=int(at[5:]))
+            assert abs(sum(r.share for r in rows) - 1.0) < 1e-9
+            assert all(r.bytes > 0 and r.count >= 0 for r in rows)
+
+
+def test_llama_plan_matches_the_partitioners_own_log(llama: tuple[memprof.Capture, list[str]]) -> None:
+    cap, lines = llama
+    assert len(cap.plans) == 1
+    plan = cap.plans[0]
+    assert plan.backend == "inductor" and plan.budget == 0.1 and plan.status == "ok"
+    _check_plan_against_partitioner_log(plan, lines)
+    assert plan.recomputed and plan.saved and not plan.random_ops and not plan.recomputed_random
+    # recomputed nodes are defined before their first backward use
+    assert all(r.defined_at < r.first_use <= r.last_use for r in plan.recomputed if r.first_use > r.defined_at)
+    assert {g.role for g in cap.graphs} == {"forward", "backward"}
+    assert all(g.plan == 0 for g in cap.graphs)
+
+
+def test_llama_every_graph_call_is_joined_to_buffers(llama: tuple[memprof.Capture, list[str]]) -> None:
+    cap, _ = llama
+    labels = cap.labels("cpu")
+    assert len(labels.calls) == 4  # forward + backward, two steps
+    assert all(c.level == "buffer" for c in labels.calls), [c.reason for c in labels.calls]
+
+
+def test_llama_attribution_sums_to_the_peak_to_the_byte(llama: tuple[memprof.Capture, list[str]]) -> None:
+    cap, _ = llama
+    _assert_rows_sum(cap)
+    at_peak = {r.key: r.bytes for r in cap.attribution(by="category", device="cpu")}
+    assert "unattributed" not in at_peak  # CPU: nothing predates the capture
+    seen = {CATEGORIES[c] for c in np.unique(cap.labels("cpu").category)}
+    assert {"parameter", "gradient", "optimizer_state", "input", "saved_activation", "recomputed",
+            "temporary"} <= seen
+    assert "rng_mask" not in seen  # no dropout in Llama
+
+
+def test_llama_exact_bytes_of_known_tensors(llama: tuple[memprof.Capture, list[str]]) -> None:
+    cap, _ = llama
+    params = {r.key: r.bytes for r in cap.attribution(by="node", device="cpu") if r.category == "parameter"}
+    # AdamW's two moments per parameter, parameters themselves: exact storage bytes
+    assert params["parameter:embed_tokens.weight"] == 1000 * 64 * 4
+    assert params["parameter:layers.0.mlp.gate_proj.weight"] == 172 * 64 * 4
+    layers = {r.key for r in cap.attribution(by="layer", device="cpu")}
+    assert {"layers.0", "layers.1", "embed_tokens"} <= layers
+
+
+def test_saved_activations_are_the_forward_outputs_kept_for_backward(llama: tuple[memprof.Capture, list[str]]) -> None:
+    cap, _ = llama
+    plan = cap.plans[0]
+    labels = cap.labels("cpu")
+    saved_nodes = {labels.names[int(n)].split(":", 1)[1]
+                   for n, c in zip(labels.node, labels.category, strict=True) if c == Category.SAVED_ACTIVATION}
+    tensor_saved = {n for n in plan.saved if not n.startswith("primals") and plan.forward.by_name[n].dtype}
+    assert saved_nodes and saved_nodes <= tensor_saved
+
+
+def test_bert_dropout_masks_and_plan(bert: tuple[memprof.Capture, list[str]]) -> None:
+    cap, lines = bert
+    plan = cap.plans[0]
+    _check_plan_against_partitioner_log(plan, lines)
+    assert plan.random_ops and not plan.recomputed_random  # budget 1.0 saves the masks
+    assert plan.masks and set(plan.masks) <= set(plan.saved)
+    labels = cap.labels("cpu")
+    assert all(c.level == "buffer" for c in labels.calls)
+    masks = [labels.names[int(n)] for n, c in zip(labels.node, labels.category, strict=True) if c == Category.RNG_MASK]
+    assert masks and all(m.split(":", 1)[1] in plan.masks for m in masks)
+    _assert_rows_sum(cap)
+
+
+def test_capture_file_keeps_plans_and_attribution(llama: tuple[memprof.Capture, list[str]], tmp_path: Path) -> None:
+    cap, _ = llama
+    path = cap.save(tmp_path / "run.memprof")
+    again = memprof.load(path)
+    assert [p.saved for p in again.plans] == [p.saved for p in cap.plans]
+    assert [g.source for g in again.graphs] == [g.source for g in cap.graphs]
+    assert again.attribution(by="node", device="cpu") == cap.attribution(by="node", device="cpu")
+    res = run_memprof("report", str(path), "--by", "layer", "--at", "step:2", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["bytes"] == cap.peak("cpu", step=2) == sum(r["bytes"] for r in doc["rows"])
+    res = run_memprof("report", str(path), "--by", "category", cwd=tmp_path)
+    assert res.returncode == 0 and "saved_activation" in res.stdout and "recomputed" in res.stdout
+    for bad, message in ((["--by", "node", "--at", "step:99"], "no step 99"),
+                         (["--by", "node", "--at", "later"], "bad point 'later'"),
+                         (["--at", "step:1"], "need --by"),
+                         (["--by", "node", "--device", "cuda:3"], "no allocations on cuda:3")):
+        res = run_memprof("report", str(path), *bad, cwd=tmp_path)
+        assert res.returncode != 0 and "Traceback" not in res.stderr
+        assert res.stderr.strip().startswith("memprof: error:") and message in res.stderr, res.stderr
+
+
+def test_capture_from_before_plans_still_reports(llama: tuple[memprof.Capture, list[str]], tmp_path: Path) -> None:
+    cap, _ = llama
+    new = cap.save(tmp_path / "new.memprof")
+    old = tmp_path / "old.memprof"
+    with zipfile.ZipFile(new) as src, zipfile.ZipFile(old, "w") as dst:
+        for item in src.namelist():
+            if item == "plans.json" or item.startswith("wrappers/"):
+                continue
+            data = src.read(item)
+            if item == "meta.json":
+                meta = json.loads(data)
+                meta["format_version"] = 1
+                data = json.dumps(meta).encode()
+            dst.writestr(item, data)
+    legacy = memprof.load(old)
+    assert legacy.plans == [] and legacy.graphs == []
+    rows = legacy.attribution(by="category", device="cpu")
+    assert sum(r.bytes for r in rows) == cap.peak("cpu")
+    assert {c.level for c in legacy.labels("cpu").calls} == {"kernel"}
+    res = run_memprof("report", str(old), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "attributed at kernel level only: 4 (4x no compile plan" in res.stderr + res.stdout
+
+
+def test_chrome_export_has_category_counters_and_fx_nodes(llama: tuple[memprof.Capture, list[str]]) -> None:
+    from memprof.reporters.chrome import chrome_trace, validate_chrome_trace
+
+    cap, _ = llama
+    trace = chrome_trace(cap)
+    assert validate_chrome_trace(trace) == []
+    counters = [e for e in trace["traceEvents"] if e.get("name") == "by category"]
+    peak = max(sum(e["args"].values()) for e in counters)
+    assert peak == cap.peak("cpu")
+    named = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "fx_nodes" in e.get("args", {})]
+    assert any(e["name"] == "aten::mm" and re.search(r"\bmm(_\d+)?\b", e["args"]["fx_nodes"]) for e in named)
+
+
+def test_eager_capture_attributes_by_scope() -> None:
+    torch.manual_seed(0)
+    with memprof.capture() as cap:
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+        x = torch.randn(32, 64)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for _ in range(2):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    rows = cap.attribution(by="category", device="cpu")
+    assert sum(r.bytes for r in rows) == cap.peak("cpu")
+    seen = {CATEGORIES[c] for c in np.unique(cap.labels("cpu").category)}
+    assert {"parameter", "gradient", "optimizer_state", "saved_activation"} <= seen
+    assert cap.plans == [] and cap.labels("cpu").calls == []
+
+
+def test_dropout_recomputed_below_budget_one_is_flagged(tmp_path: Path) -> None:
+    res = run_memprof("trace", str(ROOT / "examples" / "train_bert.py"), "--budget", "0.05", "--steps", "1",
+                      "-o", "bert.memprof", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert "WARNING: compiled graph 0 (inductor, activation_memory_budget=0.05) recomputes" in res.stderr
+    assert "inductor_random" in res.stderr and "#190758" in res.stderr
+    assert "by category:" in res.stderr
+    cap = memprof.load(tmp_path / "bert.memprof")
+    assert cap.plans[0].recomputed_random
+    assert all(p.startswith("inductor_random") for p in cap.plans[0].recomputed_random)
+    res = run_memprof("report", "bert.memprof", "--by", "node", cwd=tmp_path)
+    assert res.returncode == 0 and "WARNING" in res.stdout
