@@ -125,3 +125,44 @@ def test_cuda_malloc_async_backend_is_explained(tmp_path: Path) -> None:
     print("\ncudaMallocAsync:", cap.meta.get("cuda_tracker"), "devices", cap.devices,
           {d: cap.peak(d) for d in cap.devices})
     assert os.environ.get("PYTORCH_CUDA_ALLOC_CONF") is None
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(("name", "budget"), [("train_llama", 0.1), ("train_bert", 1.0)])
+def test_attribution_joins_every_cuda_graph_call(name: str, budget: float) -> None:
+    ex = _load(name)
+    import torch._functorch.config as fc
+
+    torch._dynamo.reset()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with fc.patch(activation_memory_budget=budget), memprof.capture() as cap:
+        model, ids = ex.build(ex.SMALL, "cuda")
+        step = torch.compile(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        for _ in range(3):
+            step(input_ids=ids).last_hidden_state.sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+    labels = cap.labels("cuda:0")
+    assert len(labels.calls) == 6
+    assert all(c.level == "buffer" for c in labels.calls), [c.reason for c in labels.calls]
+    rows = cap.attribution(by="category", device="cuda:0")
+    assert sum(r.bytes for r in rows) == cap.peak("cuda:0") == torch.cuda.max_memory_allocated()
+    shares = {r.key: r.share for r in rows}
+    before = cap.timeline("cuda:0").baseline
+    assert shares.get("unattributed", 0.0) * cap.peak("cuda:0") <= before
+    for by in ("node", "layer", "kernel"):
+        assert sum(r.bytes for r in cap.attribution(by=by, device="cuda:0")) == cap.peak("cuda:0")
+    if name == "train_bert":
+        assert cap.plans[0].masks and (labels.category == 6).any()  # rng_mask
+    print(f"\n{name} {budget}: " + ", ".join(f"{r.key} {r.share:.1%}" for r in rows))
