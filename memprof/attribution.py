@@ -171,6 +171,7 @@ class _Context:
         n = len(tl.rows)
         self.n = n
         self.names = _Interner()
+        self.scope_id = {name: i for i, name in enumerate(strings)}
         self.category = np.full(n, Category.UNATTRIBUTED, dtype=np.int8)
         self.node = np.zeros(n, dtype=np.int32)
         self.layer = np.zeros(n, dtype=np.int32)
@@ -213,10 +214,19 @@ def _join_call(ctx: _Context, call_index: int, thread: int, begin: int, end: int
     graph = ctx.graphs.get(key)
     role = graph.role if graph is not None else "unknown"
     rows = tl.rows[alloc_pos]
-    # top-level scopes nested directly in the call (extern ops, kernel launches)
+    # Allocations the wrapper makes itself open no scope: their innermost scope is the call's.
+    call_scope = int(raw["scope"][begin])
+    is_direct = raw["scope"][rows] == call_scope
+    # Top-level scopes of the call that the wrapper opens (extern ops, kernel launches). Only
+    # scopes named in the wrapper count: others (autotuning on a first call, for one) may
+    # begin without a matching end on this thread and would hide the nesting.
     srows = ctx.scope_rows.get(thread, np.zeros(0, np.int64))
     lo, hi = np.searchsorted(srows, begin, side="right"), np.searchsorted(srows, end, side="left")
     inner = srows[lo:hi]
+    if graph is not None:
+        names = {c.scope for c in graph.wrapper.calls if c.scope is not None}
+        ids = [ctx.scope_id[n] for n in names if n in ctx.scope_id]
+        inner = inner[np.isin(raw["scope"][inner], np.asarray(ids, dtype=raw["scope"].dtype))]
     step = np.where(raw["kind"][inner] == Kind.SCOPE_BEGIN, 1, -1)
     depth = np.cumsum(step)
     top_begin = np.flatnonzero((step == 1) & (depth == 1))
@@ -229,11 +239,12 @@ def _join_call(ctx: _Context, call_index: int, thread: int, begin: int, end: int
         child_e = np.full(len(top_begin), end, dtype=np.int64)
     child_scope = raw["scope"][child_b]
     k = np.searchsorted(child_b, rows, side="right") - 1
-    in_child = (k >= 0) & (rows < child_e[np.maximum(k, 0)]) if len(child_b) else np.zeros(len(rows), bool)
+    child_end = child_e[np.maximum(k, 0)] if len(child_b) else np.full(len(rows), -1, dtype=np.int64)
+    in_child = ~is_direct & (k >= 0) & (rows < child_end)
     child_of = np.where(in_child, k, -1)
     free_row = ctx.free_row[alloc_pos]
     survives_call = free_row > end
-    freed_in_child = in_child & (free_row < child_e[np.maximum(k, 0)]) if len(child_b) else in_child
+    freed_in_child = in_child & (free_row < child_end)
     freed_in_bw = freed_in_backward[alloc_pos]
     plan = ctx.plans.get(graph.plan) if graph is not None and graph.plan is not None else None
     tag = {"forward": "fw", "backward": "bw", "inference": "inf"}.get(role, "graph")
@@ -243,7 +254,7 @@ def _join_call(ctx: _Context, call_index: int, thread: int, begin: int, end: int
         return strings[int(child_scope[c])] if c >= 0 else ""
 
     reason = ""
-    direct = np.flatnonzero(~in_child)
+    direct = np.flatnonzero(is_direct)
     if graph is None:
         reason = "no compile plan for this graph (compiled before the capture started?)"
     elif graph.notes:
@@ -264,7 +275,8 @@ def _join_call(ctx: _Context, call_index: int, thread: int, begin: int, end: int
 
     if reason:  # kernel level: categories from lifetimes only
         for i in range(len(alloc_pos)):
-            kern = child_name(int(child_of[i])) or "(wrapper allocation)"
+            kern = child_name(int(child_of[i])) or (strings[int(raw["scope"][rows[i]])] if not is_direct[i]
+                                                     else "(wrapper allocation)")
             if freed_in_child[i] or (in_child[i] and not survives_call[i] and role != "backward"):
                 cat = Category.WORKSPACE if freed_in_child[i] else Category.TEMPORARY
             elif not survives_call[i]:
@@ -303,7 +315,12 @@ def _join_call(ctx: _Context, call_index: int, thread: int, begin: int, end: int
     d = 0
     for i in range(len(alloc_pos)):
         pos = alloc_pos[i]
-        if not in_child[i]:
+        if not in_child[i] and not is_direct[i]:  # inside a scope the wrapper does not open (autotuning)
+            kern = strings[int(raw["scope"][rows[i]])]
+            cat = Category.WORKSPACE if not survives_call[i] else Category.TEMPORARY
+            ctx.set(pos, cat, f"{tag}:{kern}", "", kern)
+            continue
+        if is_direct[i]:
             root = expected[d].buf
             d += 1
             writer = wrapper.writer.get(root)
