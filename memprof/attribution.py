@@ -39,7 +39,7 @@ class Category(enum.IntEnum):
     INPUT = 3
     SAVED_ACTIVATION = 4
     RECOMPUTED = 5
-    RNG_MASK = 6
+    RNG_MASK = 6  # dropout masks, and the random values or seeds they come from
     TEMPORARY = 7
     WORKSPACE = 8
     UNATTRIBUTED = 9
@@ -309,7 +309,8 @@ def _join_call(ctx: _Context, call_index: int, thread: int, begin: int, end: int
         seen[name] += 1
         cands = by_scope.get(name, [])
         call_of_child.append(cands[occ] if occ < len(cands) else None)
-    masks = set(plan.masks) if plan is not None else set()
+    # dropout randomness: boolean masks and the random values (or seeds) they are drawn from
+    masks = set(plan.masks) | set(plan.random_ops) if plan is not None else set()
     recomputed = plan.recomputed_names if plan is not None else set()
     expected = wrapper.expected_allocs
     d = 0

@@ -37,39 +37,45 @@ def main() -> None:
             t0 = time.perf_counter()
             cap = memprof.load(path)
             t1 = time.perf_counter()
-            rows = cap.attribution(at="peak", by="category")
+            cap.attribution(at="peak", by="category")
             t2 = time.perf_counter()
             load_s.append(t1 - t0)
             attr_s.append(t2 - t1)
         dev = cap.main_device
-        peak = cap.peak(dev)
-        shares = {r.key: r.bytes for r in rows}
-        act = sum(shares.get(k, 0) for k in ACTIVATION)
-        calls = cap.labels(dev).calls
-        joined = sum(c.level == "buffer" for c in calls)
-        plan = cap.plans[0] if cap.plans else None
-        print(f"\n{path}: {len(cap.raw):,} events, {dev} peak {peak:,} B ({fmt_bytes(peak)}), "
-              f"budget {cap.meta.get('budget')}")
-        for r in rows:
-            print(f"  {r.key:<18} {r.bytes:>14,} B  {r.share:6.1%}")
-        if plan is not None:
-            print(f"  plan 0: {len(plan.saved)} saved, {len(plan.recomputed)} recomputed, "
-                  f"{len(plan.recomputed_random)} random recomputed, {len(plan.masks)} masks")
-        for by in ("node", "layer"):
-            top = cap.attribution(at="peak", by=by)[:5]
-            print(f"  top by {by}: " + "; ".join(f"{r.key} {fmt_bytes(r.bytes)} ({r.category})" for r in top))
-        table.append((Path(path).stem, len(cap.raw), peak, shares, act, joined, len(calls),
-                      statistics.median(load_s), statistics.median(attr_s)))
-    print("\n| capture | events | peak MB | param | grad | opt state | input | saved | recomp | rng mask | temp "
+        complete = [s.step for s in cap.steps(dev) if s.complete]
+        for at in ["peak"] + ([f"step:{complete[-1]}"] if complete else []):
+            table.append(report(cap, path, dev, at, statistics.median(load_s), statistics.median(attr_s)))
+    print("\n| capture | at | events | live MB | param | grad | opt state | input | saved | recomp | rng mask | temp "
           "| workspace | unattr | recomputed / activations | calls joined | load s | attribution s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for name, events, peak, shares, act, joined, ncalls, ls, ats in table:
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for name, at, events, peak, shares, act, joined, ncalls, ls, ats in table:
         cols = [shares.get(k, 0) / peak for k in ("parameter", "gradient", "optimizer_state", "input",
                                                    "saved_activation", "recomputed", "rng_mask", "temporary",
                                                    "workspace", "unattributed")]
         rec = shares.get("recomputed", 0) / act if act else 0.0
-        print(f"| {name} | {events:,} | {peak / 1e6:.1f} | " + " | ".join(f"{c:.1%}" for c in cols)
+        print(f"| {name} | {at} | {events:,} | {peak / 1e6:.1f} | " + " | ".join(f"{c:.1%}" for c in cols)
               + f" | {rec:.1%} | {joined}/{ncalls} | {ls:.2f} | {ats:.2f} |")
+
+
+def report(cap: memprof.Capture, path: str, dev: str, at: str, load_s: float, attr_s: float) -> tuple:  # type: ignore[type-arg]
+    rows = cap.attribution(at=at, by="category")
+    peak = sum(r.bytes for r in rows)
+    shares = {r.key: r.bytes for r in rows}
+    act = sum(shares.get(k, 0) for k in ACTIVATION)
+    calls = cap.labels(dev).calls
+    joined = sum(c.level == "buffer" for c in calls)
+    plan = cap.plans[0] if cap.plans else None
+    print(f"\n{path} at {at}: {len(cap.raw):,} events, {dev} {peak:,} B live ({fmt_bytes(peak)}), "
+          f"budget {cap.meta.get('budget')}")
+    for r in rows:
+        print(f"  {r.key:<18} {r.bytes:>14,} B  {r.share:6.1%}")
+    if plan is not None:
+        print(f"  plan 0: {len(plan.saved)} saved, {len(plan.recomputed)} recomputed, "
+              f"{len(plan.recomputed_random)} random recomputed, {len(plan.masks)} masks")
+    for by in ("node", "layer"):
+        top = cap.attribution(at=at, by=by)[:5]
+        print(f"  top by {by}: " + "; ".join(f"{r.key} {fmt_bytes(r.bytes)} ({r.category})" for r in top))
+    return (Path(path).stem, at, len(cap.raw), peak, shares, act, joined, len(calls), load_s, attr_s)
 
 
 if __name__ == "__main__":
