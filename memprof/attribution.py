@@ -311,7 +311,7 @@ def _join_call(ctx: _Context, call_index: int, thread: int, begin: int, end: int
         call_of_child.append(cands[occ] if occ < len(cands) else None)
     # dropout randomness: boolean masks and the random values (or seeds) they are drawn from
     masks = set(plan.masks) | set(plan.random_ops) if plan is not None else set()
-    recomputed = plan.recomputed_names if plan is not None else set()
+    recomputed = set(plan.recomputed) if plan is not None else set()
     expected = wrapper.expected_allocs
     d = 0
     for i in range(len(alloc_pos)):

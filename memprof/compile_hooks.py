@@ -138,10 +138,11 @@ def build_plan(index: int, backend: str, partitioner: str, budget: float, num_fw
                                              fwg.by_name[n.name].bytes))
     random_ops = [n.name for n in fwg.nodes if n.random]
     rec_names = {r.name for r in recomputed}
+    names = [r.name for r in recomputed]
     masks = [n.name for n in fwg.nodes if n.mask and (n.name in saved or n.name in rec_names)]
     return Plan(
         index=index, backend=backend, partitioner=partitioner, budget=budget, num_fwd_outputs=num_fwd_outputs,
-        forward=fwg, backward=bwg, saved=saved, recomputed=recomputed, random_ops=random_ops,
+        forward=fwg, backward=bwg, saved=saved, recomputed=names, recompute_sites=recomputed, random_ops=random_ops,
         recomputed_random=[n for n in random_ops if n in rec_names], masks=masks,
     )
 

@@ -68,16 +68,13 @@ class Plan:
     forward: FxGraph
     backward: FxGraph
     saved: list[str]  # forward outputs after num_fwd_outputs (what the backward receives)
-    recomputed: list[RecomputedNode]
+    recomputed: list[str]  # forward nodes the backward computes again (same name in both graphs)
+    recompute_sites: list[RecomputedNode]  # where the backward defines each and first/last uses it
     random_ops: list[str]  # random forward nodes
     recomputed_random: list[str]  # random nodes that the backward runs again (fresh randomness)
     masks: list[str]  # boolean dropout masks (forward node names), saved or recomputed
     status: str = "ok"  # "ok", or why the stock partitioner ran instead of memprof's wrapper
     notes: list[str] = field(default_factory=list)
-
-    @cached_property
-    def recomputed_names(self) -> set[str]:
-        return {r.name for r in self.recomputed}
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +88,8 @@ class Plan:
             index=int(d["index"]), backend=str(d["backend"]), partitioner=str(d.get("partitioner", "")),
             budget=float(d["budget"]), num_fwd_outputs=int(d["num_fwd_outputs"]),
             forward=graph(d["forward"]), backward=graph(d["backward"]), saved=list(d["saved"]),
-            recomputed=[RecomputedNode(**r) for r in d["recomputed"]], random_ops=list(d["random_ops"]),
+            recomputed=list(d["recomputed"]),
+            recompute_sites=[RecomputedNode(**r) for r in d["recompute_sites"]], random_ops=list(d["random_ops"]),
             recomputed_random=list(d["recomputed_random"]), masks=list(d.get("masks", [])),
             status=str(d.get("status", "ok")), notes=list(d.get("notes", [])),
         )

@@ -150,6 +150,10 @@ def build_timeline(
         delta[tracker_free[~has]] = -_round_block(delta[tracker_free[~has]])
         inferred += int((~has).sum())
 
+    if device == "cpu":
+        # CPU bytes count from the capture start: a free of a tensor allocated before it (which
+        # PyTorch reports when an earlier capture saw the allocation) must not count below zero.
+        delta[~is_alloc & (alloc_of < 0)] = 0
     allocated = baseline + np.cumsum(delta) if n else np.zeros(0, np.int64)
     seg_rows = np.flatnonzero(on_device & np.isin(raw["kind"], np.array(SEGMENT_KINDS, dtype=np.uint8)))
     seg_rows = seg_rows.astype(np.int64)

@@ -89,8 +89,8 @@ def _check_plan_against_partitioner_log(plan: memprof.plans.Plan, lines: list[st
     by_op = next(line for line in lines if line.startswith("Count of Ops Rematerialized"))
     logged = dict(re.findall(r"\('([^']+)', (\d+)\)", by_op))
     ours: dict[str, int] = {}
-    for r in plan.recomputed:
-        target = fw[r.name].target
+    for name in plan.recomputed:
+        target = fw[name].target
         packet = target.rsplit(".", 1)[0] if target.count(".") >= 2 else target
         ours[packet] = ours.get(packet, 0) + 1
     assert {k: int(v) for k, v in logged.items()} == {k: v for k, v in ours.items() if k in logged}
@@ -118,7 +118,8 @@ def test_llama_plan_matches_the_partitioners_own_log(llama: tuple[memprof.Captur
     _check_plan_against_partitioner_log(plan, lines)
     assert plan.recomputed and plan.saved and not plan.random_ops and not plan.recomputed_random
     # recomputed nodes are defined before their first backward use
-    assert all(r.defined_at < r.first_use <= r.last_use for r in plan.recomputed if r.first_use > r.defined_at)
+    assert [r.name for r in plan.recompute_sites] == plan.recomputed
+    assert all(r.defined_at < r.first_use <= r.last_use for r in plan.recompute_sites)
     assert {g.role for g in cap.graphs} == {"forward", "backward"}
     assert all(g.plan == 0 for g in cap.graphs)
 

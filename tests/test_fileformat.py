@@ -42,7 +42,7 @@ def test_round_trip(saved: tuple[memprof.Capture, Path]) -> None:
 def test_file_holds_no_pickle(saved: tuple[memprof.Capture, Path]) -> None:
     _, path = saved
     with zipfile.ZipFile(path) as zf:
-        assert sorted(zf.namelist()) == ["events.npy", "meta.json", "strings.json", "threads.json"]
+        assert sorted(zf.namelist()) == ["events.npy", "meta.json", "plans.json", "strings.json", "threads.json"]
         header = zf.read("events.npy")[:128]
     assert b"'descr'" in header and b"'O'" not in header
 
