@@ -76,9 +76,20 @@ class Labels:
     kernel: np.ndarray
     names: list[str]
     calls: list[CallJoin] = field(default_factory=list)
+    # blocks live when the capture started (CUDA snapshot): size, position of their free
+    # (len(timeline) if never freed), and labels like the arrays above
+    pre_size: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pre_free: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    pre_category: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int8))
+    pre_node: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    pre_layer: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
+    pre_kernel: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))
 
     def label(self, by: str) -> np.ndarray:
         return {"node": self.node, "layer": self.layer, "kernel": self.kernel}[by]
+
+    def pre_label(self, by: str) -> np.ndarray:
+        return {"node": self.pre_node, "layer": self.pre_layer, "kernel": self.pre_kernel}[by]
 
 
 @dataclass(frozen=True)
@@ -208,7 +219,7 @@ def _node_layer(plan: Plan | None, role: str, *names: str) -> str:
     return ""
 
 
-def _join_call(ctx: _Context, call_index: int, thread: int, begin: int, end: int, key: str,
+def _join_call(ctx: _Context, thread: int, begin: int, end: int, key: str,
                alloc_pos: np.ndarray, freed_in_backward: np.ndarray) -> CallJoin:
     raw, strings, tl = ctx.raw, ctx.strings, ctx.tl
     graph = ctx.graphs.get(key)
@@ -370,8 +381,12 @@ def label_timeline(
     graphs: Sequence[CompiledGraph] = (),
     tensors: Sequence[tuple[int, str, int, int, str, str]] = (),
     main_thread: int | None = None,
+    preexisting: Sequence[tuple[int, int]] = (),
 ) -> Labels:
-    """Category, FX node, layer and kernel of every allocation on one device's timeline."""
+    """Category, FX node, layer and kernel of every allocation on one device's timeline.
+
+    `preexisting` are (ptr, bytes) of the blocks live when the capture started (CUDA).
+    """
     ctx = _Context(raw, strings, tl, plans, graphs, main_thread)
     alloc_pos = np.flatnonzero(tl.is_alloc)
     rows = tl.rows[alloc_pos]
@@ -387,7 +402,6 @@ def label_timeline(
     bws = _intervals(raw, bw_ids)
     opts = _intervals(raw, opt_ids)
     # "in backward": on an autograd worker thread, or inside a backward scope
-    pos_all = np.arange(ctx.n)
     bw_of_event = _inside(tl.rows, ctx.thread, bws)
     in_backward_alloc = (bw_of_event >= 0) | ((ctx.thread != main_thread) if main_thread is not None
                                               else np.zeros(ctx.n, bool))
@@ -396,7 +410,6 @@ def label_timeline(
     freed_in_bw = np.zeros(ctx.n, dtype=bool)
     has_free = free_pos >= 0
     freed_in_bw[has_free] = in_backward_alloc[free_pos[has_free]]
-    del pos_all
 
     joins: list[CallJoin] = []
     call_of = _inside(rows, threads, calls)
@@ -408,7 +421,7 @@ def label_timeline(
         for ci, (thread, b, e, scope) in enumerate(calls):
             key = strings[scope][len("## Call CompiledFxGraph "):].removesuffix(" ##")
             members = alloc_pos[order[starts[ci]:ends[ci]]]
-            joins.append(_join_call(ctx, ci, thread, b, e, key, members, freed_in_bw))
+            joins.append(_join_call(ctx, thread, b, e, key, members, freed_in_bw))
 
     # eager allocations
     eager = alloc_pos[call_of < 0]
@@ -451,7 +464,46 @@ def label_timeline(
     # free_of maps alloc -> free; copy alloc labels to the free positions
     for arr in (ctx.category, ctx.node, ctx.layer, ctx.kernel):
         arr[src] = arr[f]
-    return Labels(ctx.category, ctx.node, ctx.layer, ctx.kernel, ctx.names.names, joins)
+    pre = _label_preexisting(ctx, preexisting, tensors)
+    return Labels(ctx.category, ctx.node, ctx.layer, ctx.kernel, ctx.names.names, joins, *pre)
+
+
+def _label_preexisting(ctx: _Context, blocks: Sequence[tuple[int, int]],
+                       tensors: Sequence[tuple[int, str, int, int, str, str]]) -> tuple[np.ndarray, ...]:
+    """Labels of the blocks live at the capture start; their frees (unpaired) get the same labels."""
+    tl = ctx.tl
+    n = len(blocks)
+    size = np.asarray([b[1] for b in blocks], dtype=np.int64)
+    free = np.full(n, ctx.n, dtype=np.int64)
+    cat = np.full(n, Category.UNATTRIBUTED, dtype=np.int8)
+    node = np.full(n, ctx.names(BEFORE_CAPTURE), dtype=np.int32)
+    layer = np.zeros(n, dtype=np.int32)
+    kernel = np.full(n, ctx.names(BEFORE_CAPTURE), dtype=np.int32)
+    if not n or int(size.sum()) > tl.baseline:  # no snapshot, or one that disagrees with the baseline
+        return tuple(a[:0] for a in (size, free, cat, node, layer, kernel))
+    unpaired = np.flatnonzero(~tl.is_alloc & (tl.alloc_of < 0))
+    frees: dict[int, list[int]] = defaultdict(list)
+    for p, ptr in zip(unpaired.tolist(), ctx.raw["ptr"][tl.rows[unpaired]].tolist(), strict=True):
+        frees[int(ptr)].append(p)
+    known: dict[int, list[tuple[int, str, str]]] = defaultdict(list)
+    for t_ns, device, ptr, _nbytes, category, name in tensors:
+        if device == tl.device:
+            known[ptr].append((t_ns, category, name))
+    for i, (ptr, _) in enumerate(blocks):
+        if frees.get(ptr):
+            free[i] = frees[ptr].pop(0)
+        t_free = int(tl.t_ns[free[i]]) if free[i] < ctx.n else np.iinfo(np.int64).max
+        for t_ns, category, name in known.get(ptr, []):
+            c = _CATEGORY_OF_KNOWN.get(category)
+            if c is not None and t_ns < t_free:
+                cat[i], node[i] = c, ctx.names(f"{category}:{name}")
+                base = name.removesuffix(".grad").split(".exp_avg")[0].split(".step")[0]
+                layer[i] = ctx.names(layer_of(base) if not base.startswith("param_groups") else "")
+                break
+        if free[i] < ctx.n:
+            ctx.category[free[i]], ctx.node[free[i]] = cat[i], node[i]
+            ctx.layer[free[i]], ctx.kernel[free[i]] = layer[i], kernel[i]
+    return size, free, cat, node, layer, kernel
 
 
 def _apply_known(ctx: _Context, tensors: Sequence[tuple[int, str, int, int, str, str]], alloc_pos: np.ndarray) -> None:
@@ -515,13 +567,17 @@ def rows_at(tl: Timeline, labels: Labels, pos: int, by: str) -> list[Attribution
     live = tl.live_positions(pos) if pos >= 0 else np.zeros(0, np.int64)
     sizes = tl.delta[live]
     cats = labels.category[live].astype(np.int64)
+    keys = cats if by == "category" else labels.label(by)[live].astype(np.int64)
+    names = list(CATEGORIES) if by == "category" else labels.names
+    pre = np.flatnonzero(labels.pre_free > pos)
     before = total - int(sizes.sum())
-    if by == "category":
-        keys = cats
-        names = list(CATEGORIES)
-    else:
-        keys = labels.label(by)[live].astype(np.int64)
-        names = labels.names
+    if len(pre) and int(labels.pre_size[pre].sum()) <= before:  # blocks from the start snapshot
+        sizes = np.concatenate([sizes, labels.pre_size[pre]])
+        pre_cats = labels.pre_category[pre].astype(np.int64)
+        cats = np.concatenate([cats, pre_cats])
+        keys = np.concatenate([keys, pre_cats if by == "category" else labels.pre_label(by)[pre].astype(np.int64)])
+        live = np.concatenate([live, -1 - pre])
+        before = total - int(sizes.sum())
     out: dict[str, list[int]] = {}
     cat_bytes: dict[str, np.ndarray] = {}
     if len(live):
@@ -559,5 +615,9 @@ def category_series(tl: Timeline, labels: Labels, keep: np.ndarray | None = None
         sel = cats == c
         if sel.any():
             out[:, c] = np.cumsum(np.where(sel, tl.delta, 0))[idx]
-    out[:, Category.UNATTRIBUTED] += tl.baseline
-    return out
+    start = np.zeros(len(CATEGORIES), dtype=np.int64)
+    start[Category.UNATTRIBUTED] = tl.baseline
+    if len(labels.pre_size) and int(labels.pre_size.sum()) <= tl.baseline:
+        np.add.at(start, labels.pre_category.astype(np.int64), labels.pre_size)
+        start[Category.UNATTRIBUTED] -= int(labels.pre_size.sum())
+    return out + start

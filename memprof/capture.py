@@ -197,8 +197,10 @@ class Capture:
         device = device or self.main_device
         if device not in self._labels:
             main = self.meta.get("main_thread")
+            pre = [(int(p), int(b)) for p, b in self.meta.get("preexisting", {}).get(device, [])]
             self._labels[device] = label_timeline(self.raw, self.strings, self.timeline(device), self.plans,
-                                                  self.graphs, self.tensors, None if main is None else int(main))
+                                                  self.graphs, self.tensors, None if main is None else int(main),
+                                                  pre)
         return self._labels[device]
 
     def attribution(self, at: str = "peak", by: str = "category", device: str | None = None) -> list[Any]:
@@ -292,6 +294,7 @@ class _Recorder:
         baselines: dict[str, dict[str, int]] = {"cpu": {"allocated": 0, "reserved": 0}}
         cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
         if cuda_ready:
+            self.meta["preexisting"] = _live_blocks(torch)
             for d in range(torch.cuda.device_count()):
                 baselines[f"cuda:{d}"] = {
                     "allocated": int(torch.cuda.memory_allocated(d)),
@@ -345,6 +348,8 @@ class _Recorder:
             self.plan_recorder = PlanRecorder(C.now_ns, self._note)
             self.plan_recorder.install()
             self._undo.append(self.plan_recorder.uninstall)
+            if self.meta.get("preexisting"):  # name what was allocated before the capture
+                self.plan_recorder.record_modules()
             self.meta["plans"] = "recorded (Inductor and AOTAutograd caches off during the capture)"
         else:
             self.meta["plans"] = "off"
@@ -435,6 +440,20 @@ class _Recorder:
             self.cap.plans = list(self.plan_recorder.plans)
             self.cap.graphs = list(self.plan_recorder.graphs)
             self.cap.tensors = list(self.plan_recorder.tensors)
+
+
+def _live_blocks(torch: Any) -> dict[str, list[list[int]]]:
+    """(ptr, bytes) of every CUDA caching-allocator block in use (no allocation history needed)."""
+    out: dict[str, list[list[int]]] = {}
+    try:
+        for seg in torch.cuda.memory_snapshot():
+            dev = f"cuda:{int(seg.get('device', 0))}"
+            for block in seg.get("blocks", []):
+                if block.get("state") == "active_allocated":
+                    out.setdefault(dev, []).append([int(block["address"]), int(block["size"])])
+    except Exception:  # an allocator backend without snapshots: bytes stay "before the capture"
+        return {}
+    return out
 
 
 def _stop_active() -> None:

@@ -305,7 +305,7 @@ class PlanRecorder:
                               int(kwargs.get("num_fwd_outputs", 0)), fw, bw)
             self.plans.append(plan)
             self._local.last_plan = index
-            self._known_modules()
+            self.record_modules()
         except Exception as exc:
             self._error(f"a compile plan was not recorded ({type(exc).__name__}: {exc})")
         return fw, bw
@@ -374,7 +374,7 @@ class PlanRecorder:
             device = str(tensor.device) if tensor.device.type != "cuda" else f"cuda:{tensor.device.index or 0}"
             self.tensors.append((t_ns, device, ptr, nbytes, category, name))
 
-    def _known_modules(self) -> None:
+    def record_modules(self) -> None:
         """Parameters and buffers of every live nn.Module (names from the outermost modules)."""
         import torch
 

@@ -166,3 +166,32 @@ def test_attribution_joins_every_cuda_graph_call(name: str, budget: float) -> No
     if name == "train_bert":
         assert cap.plans[0].masks and (labels.category == 6).any()  # rng_mask
     print(f"\n{name} {budget}: " + ", ".join(f"{r.key} {r.share:.1%}" for r in rows))
+
+
+def test_tensors_from_before_the_capture_are_named() -> None:
+    ex = _load("train_llama")
+    torch._dynamo.reset()
+    model, ids = ex.build(ex.SMALL, "cuda")
+    step = torch.compile(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    for _ in range(2):  # compile and create the optimizer state before the capture
+        step(input_ids=ids).last_hidden_state.sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    with memprof.capture() as cap:
+        for _ in range(2):
+            step(input_ids=ids).last_hidden_state.sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+    rows = cap.attribution(by="node", device="cuda:0")
+    assert sum(r.bytes for r in rows) == cap.peak("cuda:0") == torch.cuda.max_memory_allocated()
+    nodes = {r.key: r.bytes for r in rows}
+    assert nodes["parameter:embed_tokens.weight"] >= 1000 * 64 * 4
+    assert nodes["optimizer_state:embed_tokens.weight.exp_avg"] >= 1000 * 64 * 4
+    cats = {r.key: r.bytes for r in cap.attribution(by="category", device="cuda:0")}
+    params = sum(p.numel() * 4 for p in model.parameters())
+    assert params <= cats["parameter"] and 2 * params <= cats["optimizer_state"]
+    print("\npre-existing tensors: " + ", ".join(f"{k} {v:,}" for k, v in cats.items()))

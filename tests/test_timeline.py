@@ -107,3 +107,26 @@ def test_downsample_keeps_the_peak_and_ends() -> None:
     assert len(keep) <= 1500
     assert 77_777 in keep and 0 in keep and len(values) - 1 in keep
     assert values[keep].max() == values.max() and values[keep].min() == values.min()
+
+
+def test_blocks_live_at_the_start_are_labelled_and_freed() -> None:
+    from memprof.attribution import category_series, label_timeline, rows_at
+
+    # before the capture: a parameter block at 0x100 (2048 B), an unknown block at 0x200 (512 B),
+    # and 1024 B the snapshot missed; during it: one allocation, then the unknown block is freed.
+    raw = events((Kind.ALLOC, 4096, 0x300, 0), (Kind.FREE, -512, 0x200, 0), (Kind.FREE, -4096, 0x300, 0))
+    tl = build_timeline(raw, "cuda:0", baseline=2048 + 512 + 1024)
+    tensors = [(5, "cuda:0", 0x100, 2048, "parameter", "layers.0.w")]
+    labels = label_timeline(raw, [""], tl, tensors=tensors, preexisting=[(0x100, 2048), (0x200, 512)])
+    at_alloc = {r.key: r.bytes for r in rows_at(tl, labels, 0, "category")}
+    # an eager allocation before any forward/backward activity counts as input
+    assert at_alloc == {"parameter": 2048, "input": 4096, "unattributed": 512 + 1024}
+    nodes = {r.key: r.bytes for r in rows_at(tl, labels, 1, "node")}
+    assert nodes["parameter:layers.0.w"] == 2048 and nodes["(allocated before the capture)"] == 1024
+    layers = {r.key for r in rows_at(tl, labels, 1, "layer")}
+    assert "layers.0" in layers
+    series = category_series(tl, labels)
+    assert (series.sum(axis=1) == tl.allocated).all() and (series >= 0).all()
+    # a snapshot larger than the baseline is not trusted: everything before stays unattributed
+    wrong = label_timeline(raw, [""], tl, tensors=tensors, preexisting=[(0x100, 1 << 20)])
+    assert {r.key: r.bytes for r in rows_at(tl, wrong, 1, "category")}["unattributed"] == 2048 + 1024
