@@ -349,7 +349,10 @@ class _Recorder:
             self.plan_recorder.install()
             self._undo.append(self.plan_recorder.uninstall)
             if self.meta.get("preexisting"):  # name what was allocated before the capture
-                self.plan_recorder.record_modules()
+                try:
+                    self.plan_recorder.record_modules()
+                except Exception as exc:  # never fail the capture over names
+                    self._note(f"modules not scanned at the start ({type(exc).__name__}: {exc})")
             self.meta["plans"] = "recorded (Inductor and AOTAutograd caches off during the capture)"
         else:
             self.meta["plans"] = "off"

@@ -378,9 +378,15 @@ class PlanRecorder:
         """Parameters and buffers of every live nn.Module (names from the outermost modules)."""
         import torch
 
+        modules = []
         with warnings.catch_warnings():  # isinstance() on deprecated module proxies warns
             warnings.simplefilter("ignore")
-            modules = [o for o in gc.get_objects() if isinstance(o, torch.nn.Module)]
+            for o in gc.get_objects():
+                try:
+                    if isinstance(o, torch.nn.Module):
+                        modules.append(o)
+                except ReferenceError:  # a weakref.proxy whose object is gone
+                    continue
         children = {id(c) for m in modules for c in m.children()}
         t = self.now_ns()
         seen: set[int] = set()
