@@ -403,13 +403,13 @@ def label_timeline(
     opts = _intervals(raw, opt_ids)
     # "in backward": on an autograd worker thread, or inside a backward scope
     bw_of_event = _inside(tl.rows, ctx.thread, bws)
-    in_backward_alloc = (bw_of_event >= 0) | ((ctx.thread != main_thread) if main_thread is not None
+    in_backward = (bw_of_event >= 0) | ((ctx.thread != main_thread) if main_thread is not None
                                               else np.zeros(ctx.n, bool))
     # frees: where did the allocation die?
     free_pos = tl.free_of
     freed_in_bw = np.zeros(ctx.n, dtype=bool)
     has_free = free_pos >= 0
-    freed_in_bw[has_free] = in_backward_alloc[free_pos[has_free]]
+    freed_in_bw[has_free] = in_backward[free_pos[has_free]]
 
     joins: list[CallJoin] = []
     call_of = _inside(rows, threads, calls)
@@ -437,7 +437,7 @@ def label_timeline(
         free_row = ctx.free_row[eager]
         spans_step = (np.searchsorted(steps, free_row) - np.searchsorted(steps, erows)) > 0
         is_grad = np.isin(escope, np.asarray(sorted(grad_ids), dtype=escope.dtype))
-        bw_here = in_backward_alloc[eager]
+        bw_here = in_backward[eager]
         for i, pos in enumerate(eager.tolist()):
             kern = scope_names[i] or "(no scope)"
             if in_opt[i] >= 0:
