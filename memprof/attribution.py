@@ -308,10 +308,7 @@ def _join_call(ctx: _Context, thread: int, begin: int, end: int, key: str,
     for i, o in enumerate(wrapper.outputs):
         if o is not None:
             out_positions[o].append(i)
-    by_scope: dict[str, list[int]] = defaultdict(list)
-    for call in wrapper.calls:
-        if call.scope is not None:
-            by_scope[call.scope].append(call.index)
+    by_scope = wrapper.calls_by_scope
     seen: dict[str, int] = defaultdict(int)
     call_of_child: list[int | None] = []
     for child in range(len(child_b)):
@@ -496,9 +493,7 @@ def _label_preexisting(ctx: _Context, blocks: Sequence[tuple[int, int]],
         for t_ns, category, name in known.get(ptr, []):
             c = _CATEGORY_OF_KNOWN.get(category)
             if c is not None and t_ns < t_free:
-                cat[i], node[i] = c, ctx.names(f"{category}:{name}")
-                base = name.removesuffix(".grad").split(".exp_avg")[0].split(".step")[0]
-                layer[i] = ctx.names(layer_of(base) if not base.startswith("param_groups") else "")
+                cat[i], node[i], layer[i] = c, ctx.names(f"{category}:{name}"), ctx.names(_known_layer(name))
                 break
         if free[i] < ctx.n:
             ctx.category[free[i]], ctx.node[free[i]] = cat[i], node[i]
@@ -531,9 +526,13 @@ def _apply_known(ctx: _Context, tensors: Sequence[tuple[int, str, int, int, str,
         cat = _CATEGORY_OF_KNOWN.get(category)
         if cat is None:
             continue
-        base = name.removesuffix(".grad").split(".exp_avg")[0].split(".step")[0]
-        ctx.set(pos, cat, f"{category}:{name}", layer_of(base) if not base.startswith("param_groups") else "",
-                ctx.names.names[ctx.kernel[pos]])
+        ctx.set(pos, cat, f"{category}:{name}", _known_layer(name), ctx.names.names[ctx.kernel[pos]])
+
+
+def _known_layer(name: str) -> str:
+    """The layer of a known tensor ("layers.3.mlp.w.exp_avg" -> "layers.3"; unnamed ones: "")."""
+    base = name.removesuffix(".grad").split(".exp_avg")[0].split(".step")[0]
+    return "" if base.startswith("param_groups") else layer_of(base)
 
 
 def point_of(tl: Timeline, at: str, steps: Sequence[tuple[int, int, int]]) -> int:

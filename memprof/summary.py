@@ -45,9 +45,7 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
             by_scope[a.scope or "(no scope)"][1] += 1
         scopes = sorted(by_scope.items(), key=lambda kv: -kv[1][0])[:top]
         labels = cap.labels(dev)
-        pos_of_row = {int(r): i for i, r in zip(tl.live_positions(tl.peak_pos).tolist(),
-                                               tl.rows[tl.live_positions(tl.peak_pos)].tolist(), strict=True)} \
-            if tl.peak_pos >= 0 else {}
+        live_pos = np.searchsorted(tl.rows, [a.row for a in live[:top]])  # rows are sorted
         categories = [{"category": r.key, "bytes": r.bytes, "count": r.count, "share": r.share}
                       for r in cap.attribution("peak", "category", dev) if r.bytes]
         joins = [c for c in labels.calls]
@@ -71,10 +69,10 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
             "stack_at_peak": cap.scope_stack_at_peak(dev),
             "largest": [
                 {"bytes": a.bytes, "requested": a.requested, "scope": a.scope,
-                 "category": CATEGORIES[int(labels.category[pos_of_row[a.row]])],
-                 "node": labels.names[int(labels.node[pos_of_row[a.row]])],
+                 "category": CATEGORIES[int(labels.category[p])],
+                 "node": labels.names[int(labels.node[p])],
                  "age_ms": (peak_t - a.t_ns) / 1e6, "ptr": a.ptr}
-                for a in live[:top]
+                for a, p in zip(live[:top], live_pos.tolist(), strict=True)
             ],
             "scopes": [{"scope": s, "bytes": b, "count": c} for s, (b, c) in scopes],
             "steps": [

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 
 # Bytes per element of the dtypes Inductor writes as `torch.<name>`.
 DTYPE_BYTES = {
@@ -81,6 +82,15 @@ class WrapperCode:
             name = self.alias_of[name]
             seen += 1
         return name
+
+    @cached_property
+    def calls_by_scope(self) -> dict[str, list[int]]:
+        """Call indices per runtime scope name, in order (the k-th scope of a name is the k-th call)."""
+        out: dict[str, list[int]] = {}
+        for c in self.calls:
+            if c.scope is not None:
+                out.setdefault(c.scope, []).append(c.index)
+        return out
 
     @property
     def expected_allocs(self) -> list[AllocSite]:

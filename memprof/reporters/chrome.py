@@ -153,12 +153,12 @@ def _kernel_nodes(cap: Capture, slices: list[Slice]) -> dict[int, tuple[str, str
         if current is None or sl.depth != current[0] + 1:
             continue
         _, graph, seen = current
-        calls = [c for c in graph.wrapper.calls if c.scope == name]
+        calls = graph.wrapper.calls_by_scope.get(name, [])
         k = seen.get(name, 0)
         seen[name] = k + 1
         if k >= len(calls):
             continue
-        call = calls[k]
+        call = graph.wrapper.calls[calls[k]]
         bufs = [call.out] if call.out else [b for b, w in graph.wrapper.writer.items() if w == call.index]
         nodes = [n for b in bufs for n in graph.origins.get(b, [])]
         if nodes:
