@@ -122,7 +122,7 @@ def fx_graph(gm: Any) -> FxGraph:
 
 
 def build_plan(index: int, backend: str, partitioner: str, budget: float, num_fwd_outputs: int,
-               fw: Any, bw: Any) -> Plan:
+               fw: Any, bw: Any, remat: dict[str, Any] | None = None) -> Plan:
     """Describe a partition: saved values, recomputed nodes and where the backward uses them."""
     fwg, bwg = fx_graph(fw), fx_graph(bw)
     out = next(n for n in fw.graph.nodes if n.op == "output")
@@ -143,7 +143,7 @@ def build_plan(index: int, backend: str, partitioner: str, budget: float, num_fw
     return Plan(
         index=index, backend=backend, partitioner=partitioner, budget=budget, num_fwd_outputs=num_fwd_outputs,
         forward=fwg, backward=bwg, saved=saved, recomputed=names, recompute_sites=recomputed, random_ops=random_ops,
-        recomputed_random=[n for n in random_ops if n in rec_names], masks=masks,
+        recomputed_random=[n for n in random_ops if n in rec_names], masks=masks, remat=remat,
     )
 
 
@@ -223,6 +223,7 @@ class PlanRecorder:
             def uuid(self) -> None:
                 return None
 
+        MemprofPartitioner._memprof_recorder = True  # type: ignore[attr-defined]
         self._patch(inductor_config, "custom_partitioner_fn", MemprofPartitioner(inductor_config.custom_partitioner_fn))
         self._patch(inductor_config, "force_disable_caches", True)
         self._patch(functorch_config, "enable_autograd_cache", False)
@@ -289,20 +290,29 @@ class PlanRecorder:
         """Run the partitioner (the stock one unless the user set their own) and record its plan."""
         from torch._functorch.partitioners import min_cut_rematerialization_partition
 
+        from memprof import remat
+        from memprof.remat import fx as remat_fx
+
         fn = inner if inner is not None else min_cut_rematerialization_partition
         budget = None
         try:
             budget = resolve_budget(gm)
         except Exception as exc:
             self._error(f"budget not resolved ({type(exc).__name__}: {exc})")
-        fw, bw = fn(gm, joint_inputs, **kwargs)
+        mode = remat.active_mode()
+        if mode is not None and not getattr(fn, "_memprof_remat", False):
+            fw, bw = remat_fx.partition(fn, gm, joint_inputs, mode, kwargs)
+        else:
+            fw, bw = fn(gm, joint_inputs, **kwargs)
         if not self.active:
             return fw, bw
         try:
             index = len(self.plans)
+            report = getattr(bw, "meta", {}).get("memprof_remat")
             plan = build_plan(index, backend, getattr(fn, "__name__", type(fn).__name__),
                               budget if budget is not None else float("nan"),
-                              int(kwargs.get("num_fwd_outputs", 0)), fw, bw)
+                              int(kwargs.get("num_fwd_outputs", 0)), fw, bw,
+                              report.to_json() if report is not None else None)
             self.plans.append(plan)
             self._local.last_plan = index
             self.record_modules()

@@ -75,6 +75,7 @@ class Plan:
     masks: list[str]  # boolean dropout masks (forward node names), saved or recomputed
     status: str = "ok"  # "ok", or why the stock partitioner ran instead of memprof's wrapper
     notes: list[str] = field(default_factory=list)
+    remat: dict[str, Any] | None = None  # what memprof's remat pass did (RematReport.to_json()), if it ran
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -91,7 +92,7 @@ class Plan:
             recomputed=list(d["recomputed"]),
             recompute_sites=[RecomputedNode(**r) for r in d["recompute_sites"]], random_ops=list(d["random_ops"]),
             recomputed_random=list(d["recomputed_random"]), masks=list(d.get("masks", [])),
-            status=str(d.get("status", "ok")), notes=list(d.get("notes", [])),
+            status=str(d.get("status", "ok")), notes=list(d.get("notes", [])), remat=d.get("remat"),
         )
 
 

@@ -117,7 +117,29 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
         "saved": len(plan.saved), "saved_bytes": sum(fw[n].bytes or 0 for n in plan.saved if n in fw),
         "recomputed": len(plan.recomputed), "random_ops": len(plan.random_ops),
         "recomputed_random": list(plan.recomputed_random), "masks": list(plan.masks), "status": plan.status,
+        "remat": remat_line(plan.remat) if plan.remat else None,
     }
+
+
+def remat_line(r: dict[str, Any]) -> str:
+    """One line on what memprof's remat pass did to a plan (from its stored report)."""
+    parts = [f"remat {r.get('mode')}: {r.get('status')}"]
+    if r.get("saved_added"):
+        parts.append(f"{len(r['saved_added'])} layer boundaries saved")
+    if r.get("random_saved"):
+        parts.append(f"{len(r['random_saved'])} random values saved instead of redrawn")
+    parts.append(f"{r.get('usesite_edits', 0)} use-site edits")
+    before, after = r.get("stock_estimate") or r.get("bw_estimate_before"), None
+    fw, bw = r.get("fw_estimate"), r.get("bw_estimate_after")
+    if fw is not None or bw is not None:
+        after = max(x for x in (fw, bw) if x is not None)
+    if before and after is not None:
+        parts.append(f"estimated peak {before / 1e6:.1f} -> {after / 1e6:.1f} MB")
+    parts.append(f"{r.get('seconds', 0.0):.2f} s")
+    line = ", ".join(parts)
+    for note in r.get("notes", []):
+        line += f"; {note}"
+    return line
 
 
 def rng_warnings(cap: Capture) -> list[str]:

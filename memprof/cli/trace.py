@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import sys
 from pathlib import Path
@@ -9,6 +10,14 @@ from pathlib import Path
 import click
 
 from memprof.cli.options import Budget
+
+
+def _remat(mode: str) -> contextlib.AbstractContextManager[None]:
+    if mode == "off":
+        return contextlib.nullcontext()
+    from memprof.remat import enable
+
+    return enable(mode)
 
 
 @click.command(
@@ -19,6 +28,8 @@ from memprof.cli.options import Budget
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--budget", type=Budget(), default=None,
               help="torch._functorch.config.activation_memory_budget for every torch.compile in the script.")
+@click.option("--remat", type=click.Choice(["off", "light", "all"]), default="off", show_default=True,
+              help="memprof's rematerialization pass for every torch.compile in the script (see docs/remat.md).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Capture file to write [default: SCRIPT_STEM.memprof].")
 @click.option("--chrome", type=click.Path(dir_okay=False), default=None,
@@ -30,7 +41,7 @@ from memprof.cli.options import Budget
               help="Scopes recorded: every op and kernel, compiled-graph calls only (lower overhead), or none.")
 @click.option("--no-kernel-scopes", is_flag=True,
               help="Do not ask Inductor for per-kernel scopes (lower overhead; graph scopes also off).")
-def trace(script: str, script_args: tuple[str, ...], budget: float | None, output: str | None,
+def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat: str, output: str | None,
           chrome: str | None, force: bool, max_events: int | None, scopes: str, no_kernel_scopes: bool) -> int:
     """Run SCRIPT as `python SCRIPT ARGS` would, capturing every allocation.
 
@@ -59,11 +70,12 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, outpu
         "script": str(path.resolve()),
         "budget": budget if budget is not None else functorch_config.activation_memory_budget,
     }
+    meta["remat"] = remat
     cap = None
     result = None
     try:
-        with capture(max_events=max_events or DEFAULT_MAX_EVENTS, scopes=scopes, kernels=not no_kernel_scopes,
-                     meta=meta) as cap:
+        with _remat(remat), capture(max_events=max_events or DEFAULT_MAX_EVENTS, scopes=scopes,
+                                    kernels=not no_kernel_scopes, meta=meta) as cap:
             result = run_script(path, list(script_args))
     finally:
         if cap is not None and not cap.recording:

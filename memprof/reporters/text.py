@@ -83,6 +83,8 @@ def format_summary(s: dict[str, Any]) -> str:
                          f"{p['saved']} saved values ({fmt_bytes(p['saved_bytes'])}), "
                          f"{p['recomputed']} recomputed nodes, "
                          f"{p['random_ops']} random ops, {len(p['masks'])} dropout masks")
+            if p.get("remat"):
+                lines.append(f"  {p['remat']}")
     for w in s.get("warnings", []):
         lines.append(f"WARNING: {w}")
     for o in s["ooms"]:

@@ -1,0 +1,327 @@
+"""The FX side of the remat pass: graphs to plain lists, the partitioner hook, the rewrite.
+
+`partition(fn, gm, joint_inputs, mode, **kwargs)` runs a partitioner (`fn`, normally
+`min_cut_rematerialization_partition`) with memprof's saved-set choice in place of the stock
+one, then rewrites the backward with use-site rematerialization. Any failure falls back to the
+stock partition and says so in the report; random ops are counted before and after and the
+result is refused if the backward gained one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from memprof.plans import layer_of, module_path
+from memprof.remat.graph import (
+    ATTENTION,
+    HEAVY,
+    INPUT,
+    OTHER,
+    OUTPUT,
+    POINTWISE,
+    RANDOM,
+    REDUCTION,
+    VIEW,
+    Node,
+    walk,
+)
+from memprof.remat.report import RematReport
+from memprof.remat.saves import Joint, choose_saves
+from memprof.remat.usesite import Program, rematerialize
+
+_HEAVY = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "convolution", "_convolution",
+          "_scaled_mm", "matmul", "linear"}
+_REDUCTIONS = {"sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "std", "std_mean", "prod",
+               "argmax", "argmin", "any", "all", "logsumexp", "_softmax", "_log_softmax", "norm",
+               "linalg_vector_norm", "native_layer_norm", "native_group_norm", "cumsum"}
+_ATTENTION_WORDS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention", "flex_attention")
+_COLLECTIVE_PREFIXES = ("_c10d_functional", "c10d", "_dtensor", "c10d_functional")
+_reports: list[RematReport] = []
+_reports_lock = threading.Lock()
+
+
+def _opname(target: Any) -> str:
+    name = getattr(target, "_opname", None)
+    if isinstance(name, str):
+        return name
+    return getattr(target, "__name__", str(target))
+
+
+def _tensor_bytes(val: Any) -> int:
+    import torch
+
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    total = 0
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            with contextlib.suppress(Exception):  # symbolic sizes: unknown, count nothing
+                total += int(v.numel()) * v.element_size()
+    return total
+
+
+def _numel(val: Any) -> int:
+    import torch
+
+    if isinstance(val, torch.Tensor):
+        try:
+            return int(val.numel())
+        except Exception:
+            return 0
+    return 0
+
+
+def _is_view(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    info = schema.returns[0].alias_info
+    return info is not None and not info.is_write
+
+
+def _mutates(target: Any) -> bool:
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True
+    return bool(getattr(schema, "is_mutable", False)) or any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Node:
+    """Plain-data description of one FX node (indices via `index`)."""
+    import torch
+
+    inputs = tuple(index[i] for i in n.all_input_nodes if i in index)
+    val = n.meta.get("val")
+    stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack") or {}
+    layer = ""
+    if stack:
+        last = list(stack.values())[-1]
+        layer = layer_of(module_path(str(last[0] if isinstance(last, tuple) else last)))
+    if n.op in ("placeholder", "get_attr"):
+        return Node(n.name, INPUT, (), _tensor_bytes(val), layer=layer)
+    if n.op == "output":
+        return Node(n.name, OUTPUT, inputs, clonable=False)
+    target = n.target
+    if target is operator.getitem:
+        parent = n.args[0]
+        return Node(n.name, VIEW, inputs, 0, index.get(parent, -1), 0.0, True, False, layer)
+    name = _opname(target)
+    nbytes = _tensor_bytes(val)
+    numel = float(_numel(val))
+    is_op = isinstance(target, torch._ops.OpOverload)
+    functional = is_op and not _mutates(target)
+    tstr = str(target)
+    forbidden = (not functional or "backward" in name or name.endswith("_")
+                 or tstr.startswith(_COLLECTIVE_PREFIXES) or name.startswith(_COLLECTIVE_PREFIXES))
+    if random(n):
+        return Node(n.name, RANDOM, inputs, nbytes, -1, numel, False, False, layer)
+    if forbidden:
+        return Node(n.name, OTHER, inputs, nbytes, -1, numel, False, False, layer)
+    if any(w in name for w in _ATTENTION_WORDS):
+        return Node(n.name, ATTENTION, inputs, nbytes, -1, numel, False, False, layer)
+    if _is_view(target):
+        base = next((i for i in n.all_input_nodes if i in index), None)
+        return Node(n.name, VIEW, inputs, 0, index[base] if base is not None else -1, 0.0, True, False, layer)
+    if name in _HEAVY:
+        k = 1
+        mats = [a for a in n.args if hasattr(a, "meta")]
+        if len(mats) >= 2:
+            a = mats[-2].meta.get("val")
+            try:
+                k = int(a.shape[-1])
+            except Exception:
+                k = 1
+        return Node(n.name, HEAVY, inputs, nbytes, -1, 2.0 * numel * k, True, False, layer)
+    if torch.Tag.pointwise in getattr(target, "tags", ()):
+        return Node(n.name, POINTWISE, inputs, nbytes, -1, numel, True, False, layer)
+    if name in _REDUCTIONS:
+        return Node(n.name, REDUCTION, inputs, nbytes, -1, numel, True, False, layer)
+    return Node(n.name, OTHER, inputs, nbytes, -1, numel, False, False, layer)
+
+
+def _is_random(n: Any) -> bool:
+    from memprof.compile_hooks import is_random_node
+
+    return bool(is_random_node(n))
+
+
+def joint_model(joint_graph: Any, node_info: Any, num_fwd_outputs: int) -> tuple[Joint, list[Any]]:
+    """The joint graph as plain lists, plus the FX nodes by index."""
+    fx_nodes = list(joint_graph.nodes)
+    index = {n: i for i, n in enumerate(fx_nodes)}
+    nodes = [to_node(n, index, _is_random) for n in fx_nodes]
+    inputs = set(node_info.inputs)
+    for n in node_info.inputs:
+        nodes[index[n]].resident = True
+    forward = [n in node_info.required_fw_nodes or n in node_info.unclaimed_nodes for n in fx_nodes]
+    primals = [index[n] for n in node_info.inputs]
+    tangents = [i for i, n in enumerate(fx_nodes) if n.op == "placeholder" and n not in inputs]
+    out = next(n for n in reversed(fx_nodes) if n.op == "output")
+    outs = list(out.args[0]) if isinstance(out.args[0], (list, tuple)) else [out.args[0]]
+    fw_outs = [index[o] for o in outs[:num_fwd_outputs] if o in index]
+    bw_outs = [index[o] for o in outs[num_fwd_outputs:] if o in index]
+    return Joint(nodes, forward, primals, tangents, fw_outs, bw_outs), fx_nodes
+
+
+def bw_program(gm: Any) -> tuple[Program, list[Any]]:
+    fx_nodes = list(gm.graph.nodes)
+    index = {n: i for i, n in enumerate(fx_nodes)}
+    nodes = [to_node(n, index, _is_random) for n in fx_nodes]
+    start = [i for i, n in enumerate(fx_nodes) if n.op == "placeholder"]
+    for i in start:
+        if fx_nodes[i].name.startswith("primals"):
+            nodes[i].resident = True
+    out = next(i for i, n in enumerate(fx_nodes) if n.op == "output")
+    order = [i for i, n in enumerate(fx_nodes) if n.op not in ("placeholder", "output")]
+    return Program(nodes, order, start, list(nodes[out].inputs)), fx_nodes
+
+
+def random_count(gm: Any) -> int:
+    return sum(1 for n in gm.graph.nodes if _is_random(n))
+
+
+class _SaveHook:
+    """Replaces `choose_saved_values_set` for one partitioner call."""
+
+    def __init__(self, report: RematReport, num_fwd_outputs: int, time_limit: float) -> None:
+        self.report = report
+        self.num_fwd_outputs = num_fwd_outputs
+        self.time_limit = time_limit
+        self.called = False
+        self.seconds = 0.0  # spent deciding (inside the partitioner call)
+
+    def __enter__(self) -> _SaveHook:
+        import torch._functorch.partitioners as P
+
+        self.module = P
+        self.original = P.choose_saved_values_set
+        hook = self
+
+        def choose(joint_graph: Any, node_info: Any, *args: Any, **kwargs: Any) -> Any:
+            stock = hook.original(joint_graph, node_info, *args, **kwargs)
+            hook.called = True
+            t0 = time.perf_counter()
+            try:
+                return hook.decide(joint_graph, node_info, stock)
+            except Exception as exc:
+                hook.report.notes.append(f"saved-set choice failed, stock set kept ({type(exc).__name__}: {exc})")
+                return stock
+            finally:
+                hook.seconds += time.perf_counter() - t0
+
+        P.choose_saved_values_set = choose
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.module.choose_saved_values_set = self.original
+
+    def decide(self, joint_graph: Any, node_info: Any, stock: list[Any]) -> list[Any]:
+        joint, fx_nodes = joint_model(joint_graph, node_info, self.num_fwd_outputs)
+        index = {n: i for i, n in enumerate(fx_nodes)}
+        stock_idx = [index[n] for n in stock if n in index]
+        decision = choose_saves(joint, stock_idx, time_limit=self.time_limit)
+        r = self.report
+        r.stock_estimate = decision.stock.peak
+        r.saves_estimate = decision.chosen.peak
+        r.fw_estimate = decision.chosen.fw_peak
+        r.saved_added = [fx_nodes[j].name for j in decision.added]
+        r.random_saved = [fx_nodes[j].name for j in decision.random_cut]
+        r.stock_saved_bytes = decision.stock.saved_bytes
+        r.saved_bytes = decision.chosen.saved_bytes
+        r.stock_recompute_cost = decision.stock.recompute_cost
+        r.recompute_cost = decision.chosen.recompute_cost
+        r.save_seconds = decision.seconds
+        r.notes.extend(decision.notes)
+        extra = [fx_nodes[j] for j in sorted(set(decision.added) | set(decision.random_cut))]
+        known = set(stock)
+        return list(stock) + [n for n in extra if n not in known]
+
+
+def _rewrite(gm: Any, fx_nodes: list[Any], prog: Program, edits: list[Any]) -> Any:
+    """Replay the pure edits on a copy of the backward graph; returns the new GraphModule."""
+    import torch.fx as fx
+
+    graph = fx.Graph()
+    env: dict[Any, Any] = {}
+    out = graph.graph_copy(gm.graph, env)
+    graph.output(out)
+    by_id: dict[int, Any] = {i: env[n] for i, n in enumerate(fx_nodes) if n in env}
+    for e in edits:
+        before = by_id[e.before]
+        remap: dict[Any, Any] = {}
+
+        def arg(x: Any, remap: dict[Any, Any] = remap) -> Any:
+            return remap.get(x, x)
+
+        with graph.inserting_before(before):
+            for c, nid in zip(e.cone, e.clones, strict=True):
+                src = by_id[c]
+                clone = graph.node_copy(src, arg)
+                remap[src] = clone
+                by_id[nid] = clone
+        target, clone_t = by_id[e.target], remap[by_id[e.target]]
+        for u in e.users:
+            by_id[u].replace_input_with(target, clone_t)
+    graph.eliminate_dead_code()
+    graph.lint()
+    return fx.GraphModule(gm, graph)
+
+
+def partition(fn: Callable[..., Any], gm: Any, joint_inputs: Any, mode: str, kwargs: dict[str, Any],
+              time_limit: float = 3.0) -> tuple[Any, Any]:
+    """Partition with memprof's saved-set choice and use-site rematerialization (`mode`)."""
+    t0 = time.perf_counter()
+    report = RematReport(mode=mode)
+    hook = _SaveHook(report, int(kwargs.get("num_fwd_outputs", 0)), time_limit)
+    try:
+        with hook:
+            t_fn = time.perf_counter()
+            fw, bw = fn(gm, joint_inputs, **kwargs)
+            t_fn = time.perf_counter() - t_fn
+    except Exception as exc:  # our saved set broke the partitioner: stock partition
+        report.status = "fallback"
+        report.notes.append(f"partition with memprof's saved set failed ({type(exc).__name__}: {exc}); stock plan used")
+        fw, bw = fn(gm, joint_inputs, **kwargs)
+        report.seconds = time.perf_counter() - t0
+        _attach(bw, report)
+        return fw, bw
+    if not hook.called:
+        report.notes.append("the partitioner chose no saved set (no budget knapsack); only use-site edits")
+    try:
+        before_random = random_count(bw)
+        prog, fx_nodes = bw_program(bw)
+        report.bw_estimate_before = walk(prog.nodes, prog.order, prog.start, prog.keep).peak
+        result = rematerialize(prog, mode, time_limit=time_limit)
+        report.usesite_edits = len(result.edits)
+        report.usesite_seconds = result.seconds
+        report.usesite_stopped = result.stopped
+        report.usesite_added_cost = result.added_cost
+        report.bw_estimate_after = result.peak_after
+        report.random_before = before_random
+        if result.edits:
+            new_bw = _rewrite(bw, fx_nodes, prog, result.edits)
+            after_random = random_count(new_bw)
+            if after_random > before_random:
+                raise AssertionError(f"use-site pass duplicated random ops ({before_random} -> {after_random})")
+            bw = new_bw
+        report.random_after = random_count(bw)
+    except Exception as exc:
+        report.notes.append(f"use-site pass failed, backward left as partitioned ({type(exc).__name__}: {exc})")
+        report.usesite_edits = 0
+    report.status = "applied" if (report.saved_added or report.random_saved or report.usesite_edits) else "unchanged"
+    report.partition_seconds = t_fn - hook.seconds
+    report.seconds = time.perf_counter() - t0 - report.partition_seconds  # the pass's own time
+    _attach(bw, report)
+    return fw, bw
+
+
+def _attach(bw: Any, report: RematReport) -> None:
+    with contextlib.suppress(Exception):
+        bw.meta["memprof_remat"] = report
+    with _reports_lock:
+        _reports.append(report)

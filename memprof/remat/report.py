@@ -1,0 +1,74 @@
+"""What the remat pass did to one forward/backward pair (plain data, stored in compile plans)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class RematReport:
+    mode: str
+    status: str = "unchanged"  # applied | unchanged | fallback
+    seconds: float = 0.0  # time the pass added to this compile (its own work)
+    partition_seconds: float = 0.0  # time of the partitioner it wraps (stock work)
+    # saved-set choice (estimates in bytes, from memprof's liveness walk of the simulated programs)
+    stock_estimate: int | None = None  # stock plan: max(forward, backward) peak
+    saves_estimate: int | None = None  # after the saved-set choice
+    fw_estimate: int | None = None
+    saved_added: list[str] = field(default_factory=list)  # layer-boundary values now saved
+    random_saved: list[str] = field(default_factory=list)  # saved so that no random op is recomputed
+    stock_saved_bytes: int | None = None
+    saved_bytes: int | None = None
+    stock_recompute_cost: float | None = None  # FLOPs (matmuls) + elements (other ops) recomputed
+    recompute_cost: float | None = None
+    save_seconds: float = 0.0
+    # use-site edits on the partitioned backward
+    bw_estimate_before: int | None = None
+    bw_estimate_after: int | None = None
+    usesite_edits: int = 0
+    usesite_seconds: float = 0.0
+    usesite_stopped: str = ""
+    usesite_added_cost: float = 0.0
+    random_before: int | None = None  # random ops in the backward, before and after the pass
+    random_after: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def estimate_before(self) -> int | None:
+        return self.stock_estimate if self.stock_estimate is not None else self.bw_estimate_before
+
+    @property
+    def estimate_after(self) -> int | None:
+        parts = [p for p in (self.fw_estimate, self.bw_estimate_after) if p is not None]
+        if self.stock_estimate is not None and self.fw_estimate is None and self.saves_estimate is not None:
+            parts.append(self.saves_estimate)
+        return max(parts) if parts else None
+
+    @property
+    def estimated_bytes_saved(self) -> int | None:
+        before, after = self.estimate_before, self.estimate_after
+        return None if before is None or after is None else before - after
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["estimated_bytes_saved"] = self.estimated_bytes_saved
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RematReport:
+        names = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def summary(self) -> str:
+        saved = self.estimated_bytes_saved
+        parts = [f"remat {self.mode}: {self.status}"]
+        if self.saved_added:
+            parts.append(f"{len(self.saved_added)} layer boundaries saved")
+        if self.random_saved:
+            parts.append(f"{len(self.random_saved)} random values saved (no redraw)")
+        parts.append(f"{self.usesite_edits} use-site edits")
+        if saved is not None:
+            parts.append(f"estimate {saved / 1e6:+.1f} MB saved".replace("+", ""))
+        parts.append(f"{self.seconds:.2f} s")
+        return ", ".join(parts)

@@ -1,0 +1,222 @@
+"""Liveness-aware choice of what the forward saves (pure decision code; no torch).
+
+The stock partitioner picks saved values by a FLOP-valued knapsack, then the backward
+recomputes everything else from them, each value once, just before its first backward use, and
+holds it to its last. When the saved set leaves out the values that split the model into
+layers (the residual stream), the first backward op pulls the recomputation of every layer and
+the backward holds all of it: the "less budget, more memory" peak.
+
+`choose_saves` starts from the stock saved set and
+1. cuts every random op out of the backward's recomputation: it saves the random value, or
+   its cheapest set of consumers (a dropout's boolean mask), so the backward never redraws
+   randomness (upstream #190758) and no random op is duplicated;
+2. adds the layer-boundary values the backward would otherwise recompute (values the forward
+   hands from one layer to the next), when the estimate says the step's peak falls; then drops
+   each one whose removal does not raise it again.
+Adding saved values never adds recomputation, so the step's work is at most the stock plan's.
+Every candidate set is judged by simulating the partitioner's own extraction and ordering
+(`backward_order`) and walking the programs (`graph.walk`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from memprof.remat.graph import RANDOM, VIEW, Node, walk
+
+
+@dataclass
+class Joint:
+    """A joint forward+backward graph as plain lists (node indices in joint order)."""
+
+    nodes: list[Node]
+    forward: list[bool]  # computable without tangents (the forward's nodes and unclaimed ones)
+    primals: list[int]  # forward inputs (parameters, user inputs, seeds)
+    tangents: list[int]  # backward-only inputs
+    fw_outputs: list[int]
+    bw_outputs: list[int]
+
+    def __post_init__(self) -> None:
+        users: list[list[int]] = [[] for _ in self.nodes]
+        for j, nd in enumerate(self.nodes):
+            for k in nd.inputs:
+                users[k].append(j)
+        self.users = users
+        self._inputs = set(self.primals) | set(self.tangents)
+
+
+@dataclass
+class Evaluation:
+    """One saved set, simulated: the programs, their peaks and the recomputed work."""
+
+    saved: frozenset[int]  # saved values the backward uses (plus primals it needs)
+    fw_peak: int
+    bw_peak: int
+    recomputed: list[int]
+    recompute_cost: float
+    bw_order: list[int]
+    saved_bytes: int
+
+    @property
+    def peak(self) -> int:
+        return max(self.fw_peak, self.bw_peak)
+
+
+@dataclass
+class SaveDecision:
+    saved: list[int]
+    stock: Evaluation
+    chosen: Evaluation
+    added: list[int] = field(default_factory=list)  # layer-boundary values added
+    random_cut: list[int] = field(default_factory=list)  # values saved so no random op is recomputed
+    evaluations: int = 0
+    seconds: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def backward_needs(joint: Joint, saved: set[int]) -> tuple[set[int], set[int]]:
+    """(nodes the backward executes, inputs it reads) for a saved set: the closure of its outputs."""
+    nodes = joint.nodes
+    execute: set[int] = set()
+    reads: set[int] = set()
+    stack = list(joint.bw_outputs)
+    while stack:
+        j = stack.pop()
+        if j in execute or j in reads:
+            continue
+        if j in saved or j in joint._inputs:
+            reads.add(j)
+            continue
+        execute.add(j)
+        stack.extend(nodes[j].inputs)
+    return execute, reads
+
+
+def backward_order(joint: Joint, execute: set[int]) -> list[int]:
+    """The partitioner's backward order (`reordering_to_mimic_autograd_engine`): each node runs
+    after the not-yet-run forward values it needs, which run in joint order just before it."""
+    tangent_users = [u for t in joint.tangents for u in joint.users[t] if u in execute]
+    if not tangent_users:
+        return sorted(execute)
+    first = min(tangent_users)
+    done: set[int] = set()
+    order: list[int] = []
+    nodes = joint.nodes
+    for j in sorted(execute):
+        if j < first or j in done:
+            continue
+        pending: list[int] = []
+        stack = [j]
+        while stack:
+            k = stack.pop()
+            if k in done or k not in execute:
+                continue
+            done.add(k)
+            pending.append(k)
+            stack.extend(nodes[k].inputs)
+        pending.sort()
+        order.extend(pending)
+    return order
+
+
+def forward_order(joint: Joint, saved: Iterable[int]) -> list[int]:
+    nodes = joint.nodes
+    need: set[int] = set()
+    stack = [*joint.fw_outputs, *saved]
+    while stack:
+        j = stack.pop()
+        if j in need or j in joint._inputs:
+            continue
+        need.add(j)
+        stack.extend(nodes[j].inputs)
+    return sorted(need)
+
+
+def evaluate(joint: Joint, saved: set[int], fuse: bool = True) -> Evaluation:
+    execute, reads = backward_needs(joint, saved)
+    used = frozenset(r for r in reads if r not in joint.tangents)
+    fw = forward_order(joint, used)
+    keep = [*joint.fw_outputs, *(j for j in used if j not in joint._inputs)]
+    fw_walk = walk(joint.nodes, fw, (), keep, fuse=fuse, detail=False)
+    bw = backward_order(joint, execute)
+    bw_walk = walk(joint.nodes, bw, reads, joint.bw_outputs, fuse=fuse, detail=False)
+    recomputed = sorted(j for j in execute if joint.forward[j])
+    saved_bytes = sum(joint.nodes[j].nbytes for j in used if not joint.nodes[j].resident)
+    return Evaluation(used, fw_walk.peak, bw_walk.peak, recomputed,
+                      sum(joint.nodes[j].cost for j in recomputed), bw, saved_bytes)
+
+
+def _random_cut(joint: Joint, saved: set[int]) -> list[int]:
+    """Values to save so that the backward recomputes no random op (cheapest of the op or its consumers)."""
+    nodes = joint.nodes
+    added: list[int] = []
+    for _ in range(len(nodes)):
+        execute, _reads = backward_needs(joint, saved)
+        rand = [j for j in sorted(execute) if nodes[j].kind == RANDOM and joint.forward[j]]
+        if not rand:
+            return added
+        j = rand[-1]  # the latest: its consumers are the ones the backward reads
+        consumers = [u for u in joint.users[j] if u in execute]
+        cut: list[int] = [j]
+        if consumers and all(joint.forward[u] and nodes[u].kind != RANDOM for u in consumers):
+            through = [u for u in consumers if nodes[u].kind == VIEW or nodes[u].alias == j]
+            if not through and sum(nodes[u].nbytes for u in consumers) < nodes[j].nbytes:
+                cut = consumers
+        for u in cut:
+            saved.add(u)
+            added.append(u)
+    raise RuntimeError("random-op cut did not converge")
+
+
+def boundary_values(joint: Joint, execute: set[int]) -> list[int]:
+    """Forward values the backward recomputes that one layer hands to another (the residual stream)."""
+    nodes = joint.nodes
+    out: list[int] = []
+    for j in sorted(execute):
+        nd = nodes[j]
+        if not joint.forward[j] or nd.kind in (RANDOM, VIEW) or nd.alias >= 0 or nd.nbytes <= 0 or not nd.layer:
+            continue
+        if any(nodes[u].layer and nodes[u].layer != nd.layer and joint.forward[u] for u in joint.users[j]):
+            out.append(j)
+    return out
+
+
+def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fuse: bool = True) -> SaveDecision:
+    """The saved set: the stock one, made random-safe and extended by layer boundaries where that pays."""
+    t0 = time.perf_counter()
+    stock_set = set(stock)
+    stock_eval = evaluate(joint, stock_set, fuse)
+    evaluations = 1
+    saved = set(stock_set)
+    cut = _random_cut(joint, saved)
+    current = evaluate(joint, saved, fuse) if cut else stock_eval
+    evaluations += bool(cut)
+    decision = SaveDecision(sorted(saved), stock_eval, current, [], cut)
+    execute, _ = backward_needs(joint, saved)
+    extra = boundary_values(joint, execute)
+    if extra:
+        trial = evaluate(joint, saved | set(extra), fuse)
+        evaluations += 1
+        if (trial.peak, trial.recompute_cost) < (current.peak, current.recompute_cost):
+            saved |= set(extra)
+            current = trial
+            added = list(extra)
+            # drop the boundaries that do not pay for themselves (largest first)
+            for j in sorted(extra, key=lambda k: -joint.nodes[k].nbytes):
+                if time.perf_counter() - t0 > time_limit:
+                    decision.notes.append(f"pruning stopped after {time_limit:.1f} s")
+                    break
+                trial = evaluate(joint, saved - {j}, fuse)
+                evaluations += 1
+                if trial.peak <= current.peak:
+                    saved.discard(j)
+                    added.remove(j)
+                    current = trial
+            decision.added = added
+    decision.saved = sorted(saved)
+    decision.chosen = current
+    decision.evaluations = evaluations
+    decision.seconds = time.perf_counter() - t0
+    return decision

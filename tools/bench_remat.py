@@ -1,0 +1,353 @@
+"""Benchmark memprof's remat pass against stock budgets and per-layer checkpointing.
+
+    python tools/bench_remat.py --model llama --paper --budgets 0.05:0.30:0.01 --jobs 13
+    python tools/bench_remat.py --model bert --paper --budgets 0.01,0.05,0.10 --jobs 3
+    python tools/bench_remat.py --model llama --layers 4 --seq 256 --budgets 0.05,0.3   # CPU, small
+
+One worker process per budget compiles every variant of that budget side by side (stock, the
+pass in each mode; `--ac` adds a worker for `torch.utils.checkpoint` around each layer), and
+measures in that process:
+- peak: max_memory_allocated during one fwd+bwd minus memory allocated before it (grads kept,
+  median of 3; the paper's method; CPU: memprof's allocator capture), MB = 1e6 B;
+- gradients against an eager fp32 reference (relative L2; Llama) or against the stock plan at
+  budget 1.0 with the same seed (BERT: dropout masks differ between eager and compiled);
+- step time, once every worker has compiled: workers time one at a time, each in rotating
+  rounds over its variants (median and p10 over all timed steps);
+- compile time (first step) and what the pass reported (its own seconds, edits, estimate).
+The last output is the table; `--json` writes every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def parse_budgets(spec: str) -> list[float]:
+    if ":" in spec:
+        lo, hi, step = (float(x) for x in spec.split(":"))
+        n = round((hi - lo) / step)
+        return [round(lo + i * step, 6) for i in range(n + 1)]
+    return [float(x) for x in spec.split(",") if x]
+
+
+def _example(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"_ex_{name}", ROOT / "examples" / f"train_{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# ----------------------------------------------------------------------------------- worker
+def _inductor() -> Any:
+    """A fresh Inductor backend object: Dynamo guards compiled code on the backend, so variants
+    of the same model class compiled with different settings never reuse each other's code."""
+    from torch._inductor.compile_fx import compile_fx
+
+    def inductor(gm: Any, example_inputs: Any) -> Any:
+        return compile_fx(gm, example_inputs)
+
+    return inductor
+
+
+class Worker:
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        self.torch = torch
+        self.args = args
+        self.device = args.device
+        ex = _example(args.model)
+        size = ex.PAPER if args.paper else ex.SMALL
+        over = {k: v for k, v in (("layers", args.layers), ("seq", args.seq), ("batch", args.batch)) if v}
+        self.size = type(size)(**{**size.__dict__, **over})
+        self.ex = ex
+
+    def build(self, ac: bool = False) -> Any:
+        import functools
+
+        from torch.utils.checkpoint import checkpoint
+
+        model, ids = self.ex.build(self.size, self.device)
+        self.ids = ids
+        if ac:
+            layers = model.layers if hasattr(model, "layers") else model.encoder.layer
+            for layer in layers:
+                layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
+        return model
+
+    def loss(self, model: Any) -> Any:
+        out = model(input_ids=self.ids).last_hidden_state
+        if self.args.model == "llama":
+            return out.sum()  # the paper's loss (not degenerate after RMSNorm)
+        g = self.torch.Generator().manual_seed(4242)
+        r = self.torch.randn(out.shape[-1], generator=g).to(out.device)
+        return (out * r).sum() / out[..., 0].numel()
+
+    def sync(self) -> None:
+        if self.device.startswith("cuda"):
+            self.torch.cuda.synchronize()
+
+    def step(self, v: dict[str, Any]) -> None:
+        if self.args.model == "bert":
+            self.torch.manual_seed(1234)
+        self.loss(v["fn"]).backward()
+
+    def compile(self, name: str, budget: float, mode: str | None, ac: bool = False) -> dict[str, Any]:
+        import torch._functorch.config as fc
+
+        import memprof.remat as remat
+
+        torch = self.torch
+        model = self.build(ac)
+        fn = torch.compile(model, backend=_inductor())  # its own backend: no cache entry is shared
+        v: dict[str, Any] = {"name": name, "model": model, "fn": fn, "budget": budget, "mode": mode}
+        old = fc.activation_memory_budget
+        fc.activation_memory_budget = budget
+        remat.reports(clear=True)
+        t0 = time.perf_counter()
+        try:
+            if mode:
+                with remat.enable(mode):
+                    self.step(v)
+            else:
+                self.step(v)
+            self.sync()
+        finally:
+            fc.activation_memory_budget = old
+        v["compile_s"] = time.perf_counter() - t0
+        reps = remat.reports(clear=True)
+        v["pass_s"] = sum(r.seconds for r in reps)
+        v["reports"] = [r.to_json() for r in reps]
+        return v
+
+    def peak(self, v: dict[str, Any]) -> float:
+        torch = self.torch
+        vals = []
+        for _ in range(3):
+            v["model"].zero_grad(set_to_none=False)
+            self.sync()
+            if self.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+                resident = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                self.step(v)
+                self.sync()
+                vals.append(torch.cuda.max_memory_allocated() - resident)
+            else:
+                import memprof
+
+                with memprof.capture(scopes="none", kernels=False, plans=False) as cap:
+                    self.step(v)
+                vals.append(cap.peak("cpu"))
+        return statistics.median(vals) / 1e6
+
+    def grads(self, v: dict[str, Any]) -> Any:
+        torch = self.torch
+        v["model"].zero_grad(set_to_none=True)
+        self.step(v)
+        self.sync()
+        return torch.cat([p.grad.detach().double().flatten().cpu() for p in v["model"].parameters()])
+
+    def reference(self) -> Any:
+        torch = self.torch
+        model = self.build()
+        model.zero_grad(set_to_none=True)
+        self.step({"fn": model})
+        return torch.cat([p.grad.detach().double().flatten().cpu() for p in model.parameters()])
+
+    def time(self, variants: list[dict[str, Any]], rounds: int, steps: int) -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {v["name"]: [] for v in variants}
+        for r in range(rounds):
+            k = r % len(variants)
+            for v in variants[k:] + variants[:k]:
+                v["model"].zero_grad(set_to_none=False)
+                self.step(v)
+                self.sync()
+                for _ in range(steps):
+                    t0 = time.perf_counter()
+                    self.step(v)
+                    self.sync()
+                    times[v["name"]].append((time.perf_counter() - t0) * 1e3)
+        return times
+
+
+def worker_main(args: argparse.Namespace) -> None:
+    import torch._functorch.config as fc
+    import torch._inductor.config as ic
+
+    ic.force_disable_caches = True  # every variant compiles from scratch (fair compile times)
+    fc.enable_autograd_cache = False
+    w = Worker(args)
+    variants: list[dict[str, Any]] = []
+    if args.ac:
+        variants.append(w.compile("ac", 1.0, None, ac=True))
+    else:
+        variants.append(w.compile("stock", args.budget, None))
+        for mode in args.modes.split(","):
+            if mode:
+                variants.append(w.compile(mode, args.budget, mode))
+    rows: dict[str, dict[str, Any]] = {}
+    ref = None
+    if args.grads:  # BERT: the stock plan at budget 1.0 with the same masks; Llama: eager fp32
+        ref = w.grads(w.compile("ref1.0", 1.0, None)) if args.model == "bert" else w.reference()
+    for v in variants:
+        row = {"variant": v["name"], "budget": v["budget"], "compile_s": v["compile_s"], "pass_s": v["pass_s"],
+               "reports": v["reports"], "peak_mb": w.peak(v)}
+        if ref is not None:
+            g = w.grads(v)
+            row["grad_rel_l2"] = float((g - ref).norm() / ref.norm())
+        rows[v["name"]] = row
+    print("READY", flush=True)
+    if sys.stdin.readline().strip() == "GO":
+        times = w.time(variants, args.rounds, args.steps)
+        for name, ts in times.items():
+            ts.sort()
+            rows[name]["step_ms"] = statistics.median(ts)
+            rows[name]["step_p10_ms"] = ts[max(0, int(0.1 * len(ts)) - 1)] if ts else None
+    print("RESULT " + json.dumps(list(rows.values())), flush=True)
+
+
+# ----------------------------------------------------------------------------------- driver
+def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
+    jobs: list[list[str]] = []
+    common = ["--model", args.model, "--device", args.device, "--rounds", str(args.rounds), "--steps", str(args.steps),
+              "--modes", args.modes]
+    for k in ("layers", "seq", "batch"):
+        if getattr(args, k):
+            common += [f"--{k}", str(getattr(args, k))]
+    if args.paper:
+        common.append("--paper")
+    if args.grads:
+        common.append("--grads")
+    for b in parse_budgets(args.budgets):
+        jobs.append([*common, "--budget", str(b)])
+    if args.ac:
+        jobs.append([*common, "--ac", "--budget", "1.0"])
+    env = {**os.environ, "TORCHINDUCTOR_COMPILE_THREADS": os.environ.get("TORCHINDUCTOR_COMPILE_THREADS", "1")}
+    procs: list[tuple[list[str], subprocess.Popen[str]]] = []
+    pending = list(jobs)
+    ready: list[tuple[list[str], subprocess.Popen[str]]] = []
+    t0 = time.perf_counter()
+    # phase 1: compile and measure peaks, `--jobs` workers at a time; each waits for GO
+    while pending or procs:
+        while pending and len(procs) < args.jobs:
+            job = pending.pop(0)
+            p = subprocess.Popen([sys.executable, __file__, "--worker", *job], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env)
+            procs.append((job, p))
+        for job, p in list(procs):
+            assert p.stdout is not None
+            line = p.stdout.readline()
+            while line and line.strip() != "READY":
+                line = p.stdout.readline()
+            procs.remove((job, p))
+            if line:
+                ready.append((job, p))
+                print(f"[{time.perf_counter() - t0:6.0f} s] compiled {' '.join(job[-2:])}", file=sys.stderr,
+                      flush=True)
+            else:
+                p.wait()
+                print(f"worker {' '.join(job)} failed (exit {p.returncode})", file=sys.stderr, flush=True)
+            break
+    # phase 2: time one worker at a time, nothing else running
+    rows: list[dict[str, Any]] = []
+    for _job, p in ready:
+        assert p.stdin is not None and p.stdout is not None
+        p.stdin.write("GO\n")
+        p.stdin.flush()
+        for line in p.stdout:
+            if line.startswith("RESULT "):
+                rows.extend(json.loads(line[7:]))
+        p.wait()
+    print(f"[{time.perf_counter() - t0:6.0f} s] done", file=sys.stderr, flush=True)
+    return rows
+
+
+def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
+    by_budget: dict[float, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_budget.setdefault(r["budget"] if r["variant"] != "ac" else -1.0, {})[r["variant"]] = r
+    stock = {b: v["stock"]["peak_mb"] for b, v in by_budget.items() if "stock" in v}
+    head = "| budget | stock MB | stock ms |"
+    sep = "|---|---|---|"
+    for m in modes:
+        head += f" {m} MB (×stock) | {m} ms (×stock) | {m} ≤ stock at ≥budget |"
+        sep += "---|---|---|"
+    head += " grad rel L2 (stock / " + " / ".join(modes) + ") | compile s (stock / pass added) |"
+    lines = [head, sep + "---|---|"]
+    for b in sorted(k for k in by_budget if k >= 0):
+        v = by_budget[b]
+        s = v.get("stock")
+        if s is None:
+            continue
+        line = f"| {b:.2f} | {s['peak_mb']:.1f} | {s.get('step_ms', float('nan')):.1f} |"
+        suffix_min = min(p for bb, p in stock.items() if bb >= b)
+        grads = [f"{s.get('grad_rel_l2', float('nan')):.1e}"]
+        for m in modes:
+            r = v.get(m)
+            if r is None:
+                line += " – | – | – |"
+                continue
+            ok = "yes" if r["peak_mb"] <= suffix_min + 1e-9 else "NO"
+            ms, stock_ms = r.get("step_ms", float("nan")), s.get("step_ms", float("nan"))
+            line += f" {r['peak_mb']:.1f} ({r['peak_mb'] / s['peak_mb']:.2f}) | {ms:.1f} ({ms / stock_ms:.3f}) | {ok} |"
+            grads.append(f"{r.get('grad_rel_l2', float('nan')):.1e}")
+        pass_s = max((v[m]["pass_s"] for m in modes if m in v), default=0.0)
+        line += f" {' / '.join(grads)} | {s['compile_s']:.0f} / +{pass_s:.1f} |"
+        lines.append(line)
+    if -1.0 in by_budget:
+        a = by_budget[-1.0]["ac"]
+        lines.append(f"| per-layer checkpointing (budget 1.0) | {a['peak_mb']:.1f} |"
+                     f" {a.get('step_ms', float('nan')):.1f} |" + " |" * (3 * len(modes))
+                     + f" {a.get('grad_rel_l2', float('nan')):.1e} | {a['compile_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=["llama", "bert"], default="llama")
+    parser.add_argument("--paper", action="store_true", help="the paper's 32-layer configuration")
+    parser.add_argument("--layers", type=int, default=None)
+    parser.add_argument("--seq", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=None)
+    parser.add_argument("--budgets", default="0.05,0.10,0.13,0.30")
+    parser.add_argument("--modes", default="light,all", help="comma-separated remat modes to compare with stock")
+    parser.add_argument("--ac", action="store_true", help="add per-layer activation checkpointing (compiled)")
+    parser.add_argument("--grads", action="store_true", help="compare gradients with a reference")
+    parser.add_argument("--jobs", type=int, default=1, help="workers compiling at once")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--json", default=None, help="write all rows here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.device is None:
+        import torch
+
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.worker:
+        worker_main(args)
+        return
+    rows = run_driver(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    modes = [m for m in args.modes.split(",") if m]
+    print(table(rows, modes))
+
+
+if __name__ == "__main__":
+    main()
