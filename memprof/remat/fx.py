@@ -10,6 +10,7 @@ result is refused if the backward gained one.
 from __future__ import annotations
 
 import contextlib
+import copy
 import operator
 import threading
 import time
@@ -21,6 +22,7 @@ from memprof.remat.graph import (
     ATTENTION,
     HEAVY,
     INPUT,
+    ITEM,
     OTHER,
     OUTPUT,
     POINTWISE,
@@ -107,11 +109,13 @@ def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Nod
     if n.op == "output":
         return Node(n.name, OUTPUT, inputs, clonable=False)
     target = n.target
-    if target is operator.getitem:
-        parent = n.args[0]
-        return Node(n.name, VIEW, inputs, 0, index.get(parent, -1), 0.0, True, False, layer)
+    if target is operator.getitem:  # an output of a multi-output op: it owns its storage
+        return Node(n.name, ITEM, inputs, _tensor_bytes(val), -1, 0.0, True, False, layer)
     name = _opname(target)
     nbytes = _tensor_bytes(val)
+    if isinstance(val, (list, tuple)):  # the outputs are counted at their getitems (unused ones: here)
+        used = {u.args[1] for u in n.users if u.target is operator.getitem and len(u.args) > 1}
+        nbytes = sum(_tensor_bytes(v) for i, v in enumerate(val) if i not in used)
     numel = float(_numel(val))
     is_op = isinstance(target, torch._ops.OpOverload)
     functional = is_op and not _mutates(target)
@@ -247,9 +251,12 @@ def _rewrite(gm: Any, fx_nodes: list[Any], prog: Program, edits: list[Any]) -> A
     import torch.fx as fx
 
     graph = fx.Graph()
+    graph._codegen = copy.deepcopy(gm.graph._codegen)  # input/output specs
     env: dict[Any, Any] = {}
     out = graph.graph_copy(gm.graph, env)
-    graph.output(out)
+    old_out = next(n for n in gm.graph.nodes if n.op == "output")
+    new_out = graph.output(out)
+    new_out.meta = copy.copy(old_out.meta)
     by_id: dict[int, Any] = {i: env[n] for i, n in enumerate(fx_nodes) if n in env}
     for e in edits:
         before = by_id[e.before]

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 POINTWISE = "pointwise"
 VIEW = "view"
+ITEM = "item"  # one output of a multi-output op (getitem): its own storage, allocated with its parent
 REDUCTION = "reduction"
 HEAVY = "heavy"  # matrix multiplies, convolutions
 ATTENTION = "attention"

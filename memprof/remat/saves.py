@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from memprof.remat.graph import RANDOM, VIEW, Node, walk
+from memprof.remat.graph import ITEM, RANDOM, VIEW, Node, walk
 
 
 @dataclass
@@ -160,8 +160,11 @@ def _random_cut(joint: Joint, saved: set[int]) -> list[int]:
         j = rand[-1]  # the latest: its consumers are the ones the backward reads
         consumers = [u for u in joint.users[j] if u in execute]
         cut: list[int] = [j]
-        if consumers and all(joint.forward[u] and nodes[u].kind != RANDOM for u in consumers):
-            through = [u for u in consumers if nodes[u].kind == VIEW or nodes[u].alias == j]
+        items = [u for u in consumers if nodes[u].kind == ITEM]
+        if items and len(items) == len(consumers):  # a multi-output op (native_dropout): save its outputs
+            cut = items
+        elif consumers and all(joint.forward[u] and nodes[u].kind != RANDOM for u in consumers):
+            through = [u for u in consumers if nodes[u].kind in (VIEW, ITEM) or nodes[u].alias == j]
             if not through and sum(nodes[u].nbytes for u in consumers) < nodes[j].nbytes:
                 cut = consumers
         for u in cut:

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from memprof.remat.graph import ATTENTION, HEAVY, INPUT, OTHER, POINTWISE, RANDOM, REDUCTION, VIEW, Node, walk
+from memprof.remat.graph import ATTENTION, HEAVY, INPUT, ITEM, OTHER, POINTWISE, RANDOM, REDUCTION, VIEW, Node, walk
 
 MODES = ("light", "all")
-_LIGHT = (POINTWISE, VIEW, REDUCTION)
+_LIGHT = (POINTWISE, VIEW, REDUCTION, ITEM)
 
 
 @dataclass
@@ -110,11 +110,13 @@ def _plan_edit(prog: Program, t: int, pos: dict[int, int], users: dict[int, list
                     continue  # cannot clone: reuse it (its lifetime grows; the estimate judges)
                 return None
             stack.append(k)
+    if any(nodes[c].kind == ITEM and nodes[c].inputs[0] not in cone for c in cone):
+        return None  # a getitem alone would share its op's storage: nothing to move
     order = sorted(cone, key=pos.__getitem__)
     return Edit(t, order, late[0], late)
 
 
-def _apply(prog: Program, e: Edit) -> list[tuple[int, tuple[int, ...]]]:
+def _apply(prog: Program, e: Edit) -> list[tuple[int, tuple[int, ...], int]]:
     """Apply an edit in place; returns what `_undo` needs."""
     env: dict[int, int] = {}
     for c in e.cone:
@@ -126,18 +128,21 @@ def _apply(prog: Program, e: Edit) -> list[tuple[int, tuple[int, ...]]]:
     e.clones = [env[c] for c in e.cone]
     i = prog.order.index(e.before)
     prog.order[i:i] = e.clones
-    old: list[tuple[int, tuple[int, ...]]] = []
+    old: list[tuple[int, tuple[int, ...], int]] = []
     clone_t = env[e.target]
     for u in e.users:
-        ins = prog.nodes[u].inputs
-        old.append((u, ins))
-        prog.nodes[u].inputs = tuple(clone_t if k == e.target else k for k in ins)
+        nd = prog.nodes[u]
+        old.append((u, nd.inputs, nd.alias))
+        nd.inputs = tuple(clone_t if k == e.target else k for k in nd.inputs)
+        if nd.alias == e.target:  # a view of the target now views the clone
+            nd.alias = clone_t
     return old
 
 
-def _undo(prog: Program, e: Edit, old: list[tuple[int, tuple[int, ...]]]) -> None:
-    for u, ins in reversed(old):
+def _undo(prog: Program, e: Edit, old: list[tuple[int, tuple[int, ...], int]]) -> None:
+    for u, ins, alias in reversed(old):
         prog.nodes[u].inputs = ins
+        prog.nodes[u].alias = alias
     clones = set(e.clones)
     prog.order = [j for j in prog.order if j not in clones]
     del prog.nodes[min(e.clones):]
@@ -145,8 +150,15 @@ def _undo(prog: Program, e: Edit, old: list[tuple[int, tuple[int, ...]]]) -> Non
 
 
 def rematerialize(prog: Program, mode: str, max_cone: int = 12, max_edits: int = 1000, patience: int = 60,
-                  time_limit: float = 3.0, fuse: bool = True) -> UseSiteResult:
-    """Greedy use-site rematerialization of `prog` (edited in place)."""
+                  time_limit: float = 3.0, fuse: bool = True, min_gain: float = 0.01,
+                  clone_factor: float = 0.5) -> UseSiteResult:
+    """Greedy use-site rematerialization of `prog` (edited in place).
+
+    An edit is kept only if the estimated peak falls by more than the estimate's error can
+    explain: by at least `min_gain` of the peak and by at least `clone_factor` times the bytes
+    the clones allocate (on Inductor, smaller estimated gains did not survive its fusion and
+    reordering: the paper Llama at budget 0.20 measured +14% with them).
+    """
     if mode not in MODES:
         raise ValueError(f"unknown remat mode {mode!r} (expected one of {', '.join(MODES)})")
     t0 = time.perf_counter()
@@ -179,10 +191,8 @@ def rematerialize(prog: Program, mode: str, max_cone: int = 12, max_edits: int =
             tried += 1
             old = _apply(prog, edit)
             new = walk(prog.nodes, prog.order, prog.start, prog.keep, fuse=fuse)
-            heavy = any(prog.nodes[c].kind == HEAVY for c in edit.cone)
-            ok = new.peak <= cur.peak and ((new.peak, new.area) < (cur.peak, cur.area))
-            if ok and heavy:
-                ok = new.peak < cur.peak  # a duplicated matmul must lower the peak itself
+            cloned = sum(prog.nodes[c].nbytes for c in edit.clones if prog.nodes[c].alias < 0)
+            ok = cur.peak - new.peak >= max(min_gain * cur.peak, clone_factor * cloned, 1)
             if ok:
                 edits.append(edit)
                 added += sum(prog.nodes[c].cost for c in edit.cone)
