@@ -4,8 +4,9 @@ While a capture runs, `PlanRecorder`:
 - wraps the partitioner: `torch._inductor.config.custom_partitioner_fn` under Inductor (its
   `uuid()` is None, so no cache can skip it), `partition_fn` of every other AOTAutograd backend
   (aot_eager, ...). It records both FX graphs, the saved values, the recomputed nodes, the
-  random ops and the budget. It never changes the partition and never fails the user's
-  compile: any internal error is recorded as a note and the stock result is returned.
+  random ops and the budget. It never changes the partition itself (inside `memprof.remat.enable`
+  it runs that pass and records the result) and never fails the user's compile: any internal
+  error is recorded as a note and the stock result is returned.
 - captures each compiled graph's wrapper source and the FX nodes behind every buffer (from
   Inductor's scheduler), and gives each graph a unique key so that its runtime
   `## Call CompiledFxGraph <key> ##` scope can be joined to it.

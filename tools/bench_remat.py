@@ -210,6 +210,7 @@ def worker_main(args: argparse.Namespace) -> None:
             g = w.grads(v)
             row["grad_rel_l2"] = float((g - ref).norm() / ref.norm())
         rows[v["name"]] = row
+    print("PEAKS " + json.dumps(list(rows.values())), flush=True)
     print("READY", flush=True)
     if sys.stdin.readline().strip() == "GO":
         times = w.time(variants, args.rounds, args.steps)
@@ -240,6 +241,7 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
     procs: list[tuple[list[str], subprocess.Popen[str]]] = []
     pending = list(jobs)
     ready: list[tuple[list[str], subprocess.Popen[str]]] = []
+    peaks: dict[int, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
     # phase 1: compile and measure peaks, `--jobs` workers at a time; each waits for GO
     while pending or procs:
@@ -252,6 +254,8 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
             assert p.stdout is not None
             line = p.stdout.readline()
             while line and line.strip() != "READY":
+                if line.startswith("PEAKS "):
+                    peaks[id(p)] = json.loads(line[6:])
                 line = p.stdout.readline()
             procs.remove((job, p))
             if line:
@@ -262,10 +266,19 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
                 p.wait()
                 print(f"worker {' '.join(job)} failed (exit {p.returncode})", file=sys.stderr, flush=True)
             break
-    # phase 2: time one worker at a time, nothing else running
+    # phase 2: time one worker at a time, nothing else running (skipped past the deadline)
     rows: list[dict[str, Any]] = []
+    if args.json:
+        Path(args.json).write_text(json.dumps([r for v in peaks.values() for r in v], indent=1))
     for _job, p in ready:
         assert p.stdin is not None and p.stdout is not None
+        if args.deadline and time.perf_counter() - t0 > args.deadline:
+            print("deadline passed: step times not measured", file=sys.stderr, flush=True)
+            rows.extend(peaks.get(id(p), []))
+            p.stdin.write("STOP\n")
+            p.stdin.flush()
+            p.wait()
+            continue
         p.stdin.write("GO\n")
         p.stdin.flush()
         for line in p.stdout:
@@ -332,6 +345,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
     parser.add_argument("--device", default=None)
     parser.add_argument("--json", default=None, help="write all rows here")
+    parser.add_argument("--deadline", type=float, default=None,
+                        help="seconds after which remaining workers skip step timing (peaks are kept)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -69,8 +69,8 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat
         "argv": [str(path), *script_args],
         "script": str(path.resolve()),
         "budget": budget if budget is not None else functorch_config.activation_memory_budget,
+        "remat": remat,
     }
-    meta["remat"] = remat
     cap = None
     result = None
     try:

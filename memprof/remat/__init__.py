@@ -92,8 +92,9 @@ def _partitioner_class() -> type:
         def __call__(self, gm: Any, joint_inputs: Any, **kwargs: Any) -> Any:
             mode = self.mode or active_mode()
             inner = self.inner
-            if mode is None or getattr(inner, "_memprof_recorder", False):
-                # off, or a capture's recorder is inside: it applies the pass and records the result
+            if mode is None or getattr(inner, "_memprof_recorder", False) or getattr(inner, "_memprof_remat", False):
+                # off; or a capture's recorder is inside (it applies the pass and records the result);
+                # or the user's own memprof partitioner is inside (it runs the pass once, in its mode)
                 return _base(inner)(gm, joint_inputs, **kwargs)
             from memprof.remat import fx
 

@@ -3,9 +3,10 @@
 XLA-style: a value computed early and held across the peak for a late use is computed again
 just before that use, from inputs that are live there anyway, so the first copy dies early.
 One edit clones a small cone (at most `max_cone` nodes) before the first late user and points
-the late users at the clone. An edit is kept only when the estimated peak does not rise and
-(peak, area) falls; random ops, non-functional ops and anything `clonable=False` are never
-cloned, and in mode "light" neither are matrix multiplies. Attention is never cloned.
+the late users at the clone. An edit is kept only when the estimated peak falls by more than
+the estimate's error (see `rematerialize`); random ops, non-functional ops and anything
+`clonable=False` are never cloned, and in mode "light" neither are matrix multiplies.
+Attention is never cloned.
 """
 
 from __future__ import annotations

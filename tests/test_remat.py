@@ -1,0 +1,204 @@
+"""memprof.remat on real torch (CPU, Inductor and aot_eager): gradients against eager, random ops,
+fallbacks, the entry points and the CLI."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch._functorch.config as functorch_config
+from click.testing import CliRunner
+
+import memprof.remat as remat
+from memprof.remat.report import RematReport
+
+sys.path.insert(0, str(Path(__file__).parent))
+from remat_models import MLPStack, TinyBert, TinyLlama, projection_loss
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.slow
+
+
+def _grads(model: torch.nn.Module, x: torch.Tensor, seed: int | None = None) -> torch.Tensor:
+    model.zero_grad(set_to_none=True)
+    if seed is not None:
+        torch.manual_seed(seed)
+    projection_loss(model(x)).backward()
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+def _compiled(model: torch.nn.Module, budget: float, mode: str | None, x: torch.Tensor, backend: str = "inductor",
+              seed: int | None = None) -> tuple[torch.Tensor, list[RematReport]]:
+    torch._dynamo.reset()
+    remat.reports(clear=True)
+    fn = torch.compile(model, backend=backend)
+    old = functorch_config.activation_memory_budget
+    functorch_config.activation_memory_budget = budget
+    try:
+        if mode is None:
+            g = _grads(fn, x, seed)
+        else:
+            with remat.enable(mode):
+                g = _grads(fn, x, seed)
+    finally:
+        functorch_config.activation_memory_budget = old
+    return g, remat.reports(clear=True)
+
+
+def _llama() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return TinyLlama(layers=3, d=32, heads=2, mlp=86, vocab=64), torch.randint(0, 64, (2, 32))
+
+
+def _mlp() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return MLPStack(layers=4, d=32, hidden=128), torch.randn(16, 32)
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.05, 0.3, 1.0])
+@pytest.mark.parametrize("mode", ["light", "all"])
+def test_llama_gradients_equal_eager(budget: float, mode: str) -> None:
+    model, x = _llama()
+    ref = _grads(copy.deepcopy(model), x)
+    g, reports = _compiled(copy.deepcopy(model), budget, mode, x)
+    assert _rel(g, ref) <= 1e-5
+    assert len(reports) == 1
+    r = reports[0]
+    assert r.mode == mode and r.status in ("applied", "unchanged") and not r.notes
+    assert r.random_after == r.random_before == 0
+    if budget <= 0.05:  # the backward recomputes the residual chain: the pass must act and win
+        assert r.status == "applied" and r.saved_added
+        assert r.estimate_after is not None and r.estimate_before is not None
+        assert r.estimate_after < r.estimate_before
+        assert r.recompute_cost is not None and r.stock_recompute_cost is not None
+        assert r.recompute_cost <= r.stock_recompute_cost  # saving more never adds recomputation
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.05, 0.3, 1.0])
+def test_dropout_free_mlp_gradients_equal_eager(budget: float) -> None:
+    model, x = _mlp()
+    ref = _grads(copy.deepcopy(model), x)
+    g, reports = _compiled(copy.deepcopy(model), budget, "light", x)
+    assert _rel(g, ref) <= 1e-5
+    assert reports and not reports[0].notes
+
+
+def _bert() -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    return TinyBert(layers=2, d=32, heads=2, vocab=64, p=0.1), torch.randint(0, 64, (2, 16))
+
+
+@pytest.mark.parametrize("budget", [0.0, 0.05])
+def test_dropout_model_equals_budget_one_with_the_same_masks(budget: float) -> None:
+    model, x = _bert()
+    ref, _ = _compiled(copy.deepcopy(model), 1.0, None, x, seed=1234)  # saves its masks: the reference
+    stock, _ = _compiled(copy.deepcopy(model), budget, None, x, seed=1234)
+    g, reports = _compiled(copy.deepcopy(model), budget, "light", x, seed=1234)
+    assert _rel(g, ref) <= 1e-5
+    r = reports[0]
+    assert r.random_saved  # the random values are saved, not redrawn
+    assert r.random_after == 0 and (r.random_before or 0) == 0  # no random op left in the backward
+    if budget == 0.0:  # the stock plan redraws dropout in the backward (pytorch#190758): this test can fail
+        assert _rel(stock, ref) > 1e-3
+
+
+def test_aot_eager_backend_and_partition_fn() -> None:
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+
+    model, x = _llama()
+    ref = _grads(copy.deepcopy(model), x)
+    g, reports = _compiled(copy.deepcopy(model), 0.05, "light", x, backend="aot_eager")
+    assert _rel(g, ref) <= 1e-5 and reports and reports[0].saved_added
+    # a custom backend with the pass as its partition_fn, no context manager
+    torch._dynamo.reset()
+    remat.reports(clear=True)
+    backend = aot_autograd(fw_compiler=boxed_nop, partition_fn=remat.partition_fn("all"))
+    functorch_config.activation_memory_budget, old = 0.05, functorch_config.activation_memory_budget
+    try:
+        g2 = _grads(torch.compile(copy.deepcopy(model), backend=backend), x)
+    finally:
+        functorch_config.activation_memory_budget = old
+    assert _rel(g2, ref) <= 1e-5 and remat.reports()[0].mode == "all"
+
+
+def test_plain_torch_compile_with_custom_partitioner() -> None:
+    import torch._inductor.config as inductor_config
+
+    model, x = _llama()
+    ref = _grads(copy.deepcopy(model), x)
+    torch._dynamo.reset()
+    remat.reports(clear=True)
+    with inductor_config.patch(custom_partitioner_fn=remat.partitioner("light"), force_disable_caches=True):
+        functorch_config.activation_memory_budget, old = 0.0, functorch_config.activation_memory_budget
+        try:
+            g = _grads(torch.compile(copy.deepcopy(model)), x)
+        finally:
+            functorch_config.activation_memory_budget = old
+    assert _rel(g, ref) <= 1e-5
+    assert [r.status for r in remat.reports()] == ["applied"]
+
+
+def _break(monkeypatch: pytest.MonkeyPatch, target: str) -> None:
+    def boom(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(target, boom)
+
+
+@pytest.mark.parametrize("target,note", [
+    ("memprof.remat.fx.choose_saves", "saved-set choice failed, stock set kept"),
+    ("memprof.remat.fx.rematerialize", "use-site pass failed, backward left as partitioned"),
+])
+def test_failures_fall_back_to_the_stock_graphs(monkeypatch: pytest.MonkeyPatch, target: str, note: str) -> None:
+    model, x = _llama()
+    ref = _grads(copy.deepcopy(model), x)
+    _break(monkeypatch, target)
+    g, reports = _compiled(copy.deepcopy(model), 0.05, "light", x, backend="aot_eager")
+    assert _rel(g, ref) <= 1e-5
+    assert any(note in n for n in reports[0].notes)
+
+
+def test_bad_mode_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown remat mode 'fast'"), remat.enable("fast"):
+        pass
+    with pytest.raises(ValueError, match="unknown remat mode"):
+        remat.partitioner("none")
+
+
+def test_enable_restores_the_config() -> None:
+    import torch._inductor.config as inductor_config
+
+    before = (inductor_config.custom_partitioner_fn, inductor_config.force_disable_caches)
+    with remat.enable("light"):
+        assert remat.active_mode() == "light"
+        with remat.enable("all"):
+            assert remat.active_mode() == "all"
+        assert inductor_config.custom_partitioner_fn is not before[0]
+    assert remat.active_mode() is None
+    assert (inductor_config.custom_partitioner_fn, inductor_config.force_disable_caches) == before
+
+
+def test_trace_cli_records_the_pass_in_the_capture(tmp_path: Path) -> None:
+    from memprof.cli import cli
+    from memprof.fileformat import load
+
+    out = tmp_path / "llama.memprof"
+    result = CliRunner().invoke(cli, ["trace", str(ROOT / "examples" / "train_llama.py"), "--budget", "0.05",
+                                      "--remat", "light", "--steps", "2", "--device", "cpu", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "remat light: applied" in result.output
+    cap = load(out)
+    assert cap.meta["remat"] == "light"
+    remats = [p.remat for p in cap.plans if p.remat]
+    assert remats and remats[0]["mode"] == "light" and remats[0]["saved_added"]
+    bad = CliRunner().invoke(cli, ["trace", str(ROOT / "examples" / "train_llama.py"), "--remat", "max"])
+    assert bad.exit_code != 0 and "Invalid value for '--remat'" in bad.output
+
