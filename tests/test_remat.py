@@ -104,6 +104,7 @@ def test_dropout_model_equals_budget_one_with_the_same_masks(budget: float) -> N
     assert _rel(g, ref) <= 1e-5
     r = reports[0]
     assert r.random_saved  # the random values are saved, not redrawn
+    assert r.stock_random_recomputed  # ... where the stock plan would have redrawn them
     assert r.random_after == 0 and (r.random_before or 0) == 0  # no random op left in the backward
     if budget == 0.0:  # the stock plan redraws dropout in the backward (pytorch#190758): this test can fail
         assert _rel(stock, ref) > 1e-3

@@ -240,6 +240,7 @@ class _SaveHook:
         r.stock_recompute_cost = decision.stock.recompute_cost
         r.recompute_cost = decision.chosen.recompute_cost
         r.save_seconds = decision.seconds
+        r.stock_random_recomputed = sum(1 for j in decision.stock.recomputed if joint.nodes[j].kind == RANDOM)
         r.notes.extend(decision.notes)
         extra = [fx_nodes[j] for j in sorted(set(decision.added) | set(decision.random_cut))]
         known = set(stock)
@@ -320,6 +321,7 @@ def partition(fn: Callable[..., Any], gm: Any, joint_inputs: Any, mode: str, kwa
     except Exception as exc:
         report.notes.append(f"use-site pass failed, backward left as partitioned ({type(exc).__name__}: {exc})")
         report.usesite_edits = 0
+        report.bw_estimate_after = report.bw_estimate_before
     report.status = "applied" if (report.saved_added or report.random_saved or report.usesite_edits) else "unchanged"
     report.partition_seconds = t_fn - hook.seconds
     report.seconds = time.perf_counter() - t0 - report.partition_seconds  # the pass's own time

@@ -18,6 +18,7 @@ class RematReport:
     fw_estimate: int | None = None
     saved_added: list[str] = field(default_factory=list)  # layer-boundary values now saved
     random_saved: list[str] = field(default_factory=list)  # saved so that no random op is recomputed
+    stock_random_recomputed: int | None = None  # random ops the stock plan's backward would redraw
     stock_saved_bytes: int | None = None
     saved_bytes: int | None = None
     stock_recompute_cost: float | None = None  # FLOPs (matmuls) + elements (other ops) recomputed
