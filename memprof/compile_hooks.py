@@ -37,7 +37,8 @@ _RANDOM_OPS = re.compile(
 _counter = itertools.count()
 
 
-def _op_name(target: Any) -> str:
+def op_name(target: Any) -> str:
+    """An op's short name (`mm`, `native_dropout`, `getitem`)."""
     name = getattr(target, "_opname", None)
     if isinstance(name, str):
         return name
@@ -50,7 +51,7 @@ def is_random_node(node: Any) -> bool:
 
     if node.op != "call_function":
         return False
-    name = _op_name(node.target)
+    name = op_name(node.target)
     if name == "run_with_rng_state":  # replays saved RNG state: deterministic
         return False
     if _RANDOM_OPS.match(name):

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from memprof.compile_hooks import _value_info, is_random_node, op_name
 from memprof.plans import layer_of, module_path
 from memprof.remat.graph import (
     ATTENTION,
@@ -47,23 +48,10 @@ _reports: list[RematReport] = []
 _reports_lock = threading.Lock()
 
 
-def _opname(target: Any) -> str:
-    name = getattr(target, "_opname", None)
-    if isinstance(name, str):
-        return name
-    return getattr(target, "__name__", str(target))
-
-
 def _tensor_bytes(val: Any) -> int:
-    import torch
-
+    """Bytes of the tensors in a node's value; tensors of symbolic size count nothing."""
     vals = val if isinstance(val, (list, tuple)) else [val]
-    total = 0
-    for v in vals:
-        if isinstance(v, torch.Tensor):
-            with contextlib.suppress(Exception):  # symbolic sizes: unknown, count nothing
-                total += int(v.numel()) * v.element_size()
-    return total
+    return sum(_value_info(v)[2] or 0 for v in vals)
 
 
 def _numel(val: Any) -> int:
@@ -111,7 +99,7 @@ def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Nod
     target = n.target
     if target is operator.getitem:  # an output of a multi-output op: it owns its storage
         return Node(n.name, ITEM, inputs, _tensor_bytes(val), -1, 0.0, True, False, layer)
-    name = _opname(target)
+    name = op_name(target)
     nbytes = _tensor_bytes(val)
     if isinstance(val, (list, tuple)):  # the outputs are counted at their getitems (unused ones: here)
         used = {u.args[1] for u in n.users if u.target is operator.getitem and len(u.args) > 1}
@@ -148,17 +136,11 @@ def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Nod
     return Node(n.name, OTHER, inputs, nbytes, -1, numel, False, False, layer)
 
 
-def _is_random(n: Any) -> bool:
-    from memprof.compile_hooks import is_random_node
-
-    return bool(is_random_node(n))
-
-
 def joint_model(joint_graph: Any, node_info: Any, num_fwd_outputs: int) -> tuple[Joint, list[Any]]:
     """The joint graph as plain lists, plus the FX nodes by index."""
     fx_nodes = list(joint_graph.nodes)
     index = {n: i for i, n in enumerate(fx_nodes)}
-    nodes = [to_node(n, index, _is_random) for n in fx_nodes]
+    nodes = [to_node(n, index, is_random_node) for n in fx_nodes]
     inputs = set(node_info.inputs)
     for n in node_info.inputs:
         nodes[index[n]].resident = True
@@ -175,7 +157,7 @@ def joint_model(joint_graph: Any, node_info: Any, num_fwd_outputs: int) -> tuple
 def bw_program(gm: Any) -> tuple[Program, list[Any]]:
     fx_nodes = list(gm.graph.nodes)
     index = {n: i for i, n in enumerate(fx_nodes)}
-    nodes = [to_node(n, index, _is_random) for n in fx_nodes]
+    nodes = [to_node(n, index, is_random_node) for n in fx_nodes]
     start = [i for i, n in enumerate(fx_nodes) if n.op == "placeholder"]
     for i in start:
         if fx_nodes[i].name.startswith("primals"):
@@ -186,7 +168,7 @@ def bw_program(gm: Any) -> tuple[Program, list[Any]]:
 
 
 def random_count(gm: Any) -> int:
-    return sum(1 for n in gm.graph.nodes if _is_random(n))
+    return sum(1 for n in gm.graph.nodes if is_random_node(n))
 
 
 class _SaveHook:

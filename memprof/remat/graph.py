@@ -141,6 +141,3 @@ def walk(nodes: Sequence[Node], order: Sequence[int], start: Iterable[int] = (),
                          and not (peak_at < 0 and e < 0))
     return Walk(peak, peak_at, area, start_bytes, at_peak, last if detail else {})
 
-
-def count_kind(nodes: Sequence[Node], order: Iterable[int], kind: str) -> int:
-    return sum(1 for j in order if nodes[j].kind == kind)

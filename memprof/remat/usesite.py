@@ -208,9 +208,6 @@ def rematerialize(prog: Program, mode: str, max_cone: int = 12, max_edits: int =
             if fails > patience:
                 stopped = f"{patience} rejected edits in a row"
                 break
-        else:
-            if not progress:
-                break
         if not progress:
             break
         fails = 0
