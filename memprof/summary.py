@@ -127,7 +127,8 @@ def remat_line(r: dict[str, Any]) -> str:
     if r.get("saved_added"):
         parts.append(f"{len(r['saved_added'])} layer boundaries saved")
     if r.get("random_saved"):
-        parts.append(f"{len(r['random_saved'])} random values saved instead of redrawn")
+        parts.append(f"{len(r['random_saved'])} random values saved instead of redrawn "
+                     f"({r.get('random_saved_bytes', 0) / 1e6:.1f} MB)")
     parts.append(f"{r.get('usesite_edits', 0)} use-site edits")
     before, after = r.get("stock_estimate") or r.get("bw_estimate_before"), None
     fw, bw = r.get("fw_estimate"), r.get("bw_estimate_after")

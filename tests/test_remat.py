@@ -103,7 +103,7 @@ def test_dropout_model_equals_budget_one_with_the_same_masks(budget: float) -> N
     g, reports = _compiled(copy.deepcopy(model), budget, "light", x, seed=1234)
     assert _rel(g, ref) <= 1e-5
     r = reports[0]
-    assert r.random_saved  # the random values are saved, not redrawn
+    assert r.random_saved and r.random_saved_bytes > 0  # the random values are saved, not redrawn
     assert r.stock_random_recomputed  # ... where the stock plan would have redrawn them
     assert r.random_after == 0 and (r.random_before or 0) == 0  # no random op left in the backward
     if budget == 0.0:  # the stock plan redraws dropout in the backward (pytorch#190758): this test can fail
@@ -131,20 +131,36 @@ def test_aot_eager_backend_and_partition_fn() -> None:
 
 
 def test_plain_torch_compile_with_custom_partitioner() -> None:
+    """With Inductor's and AOTAutograd's caches on, a stock compile of the same graph is not
+    reused for the pass (the partitioner's uuid is in the cache key)."""
     import torch._inductor.config as inductor_config
+    from torch._inductor.utils import fresh_cache
 
     model, x = _llama()
     ref = _grads(copy.deepcopy(model), x)
-    torch._dynamo.reset()
-    remat.reports(clear=True)
-    with inductor_config.patch(custom_partitioner_fn=remat.partitioner("light"), force_disable_caches=True):
-        functorch_config.activation_memory_budget, old = 0.0, functorch_config.activation_memory_budget
-        try:
-            g = _grads(torch.compile(copy.deepcopy(model)), x)
-        finally:
-            functorch_config.activation_memory_budget = old
+    functorch_config.activation_memory_budget, old = 0.0, functorch_config.activation_memory_budget
+    try:
+        with fresh_cache(), inductor_config.patch(fx_graph_cache=True, force_disable_caches=False), \
+                functorch_config.patch(enable_autograd_cache=True):
+            torch._dynamo.reset()
+            _grads(torch.compile(copy.deepcopy(model)), x)  # stock: fills the caches
+            torch._dynamo.reset()
+            remat.reports(clear=True)
+            with inductor_config.patch(custom_partitioner_fn=remat.partitioner("light")):
+                g = _grads(torch.compile(copy.deepcopy(model)), x)
+    finally:
+        functorch_config.activation_memory_budget = old
     assert _rel(g, ref) <= 1e-5
     assert [r.status for r in remat.reports()] == ["applied"]
+
+
+def test_partitioner_uuid_names_mode_and_source() -> None:
+    light, also_light, everything = remat.partitioner("light"), remat.partitioner("light"), remat.partitioner("all")
+    assert isinstance(light.uuid(), str) and light.uuid() == also_light.uuid() != everything.uuid()
+    cls = type(light)
+    assert cls(None, lambda *a, **k: None).uuid() is None  # an inner partitioner without a uuid: uncacheable
+    with remat.enable("all"):
+        assert cls(None).uuid() == everything.uuid()
 
 
 def _break(monkeypatch: pytest.MonkeyPatch, target: str) -> None:
@@ -177,14 +193,17 @@ def test_bad_mode_is_refused() -> None:
 def test_enable_restores_the_config() -> None:
     import torch._inductor.config as inductor_config
 
-    before = (inductor_config.custom_partitioner_fn, inductor_config.force_disable_caches)
+    before = (inductor_config.custom_partitioner_fn, inductor_config.force_disable_caches,
+              functorch_config.enable_autograd_cache)
     with remat.enable("light"):
         assert remat.active_mode() == "light"
         with remat.enable("all"):
             assert remat.active_mode() == "all"
         assert inductor_config.custom_partitioner_fn is not before[0]
+        assert not functorch_config.enable_autograd_cache  # a hit would skip the pass (no report)
     assert remat.active_mode() is None
-    assert (inductor_config.custom_partitioner_fn, inductor_config.force_disable_caches) == before
+    assert (inductor_config.custom_partitioner_fn, inductor_config.force_disable_caches,
+            functorch_config.enable_autograd_cache) == before
 
 
 def test_trace_cli_records_the_pass_in_the_capture(tmp_path: Path) -> None:

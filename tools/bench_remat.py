@@ -188,7 +188,10 @@ def worker_main(args: argparse.Namespace) -> None:
     import torch._functorch.config as fc
     import torch._inductor.config as ic
 
-    ic.force_disable_caches = True  # every variant compiles from scratch (fair compile times)
+    # every variant partitions and lowers from scratch; `--cold` also recompiles every kernel
+    # (a first compile on a fresh machine), otherwise compiled kernels are shared between workers
+    ic.force_disable_caches = args.cold
+    ic.fx_graph_cache = False
     fc.enable_autograd_cache = False
     w = Worker(args)
     variants: list[dict[str, Any]] = []
@@ -233,6 +236,8 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
         common.append("--paper")
     if args.grads:
         common.append("--grads")
+    if args.cold:
+        common.append("--cold")
     for b in parse_budgets(args.budgets):
         jobs.append([*common, "--budget", str(b)])
     if args.ac:
@@ -243,12 +248,17 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
     ready: list[tuple[list[str], subprocess.Popen[str]]] = []
     peaks: dict[int, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
+    started = 0
     # phase 1: compile and measure peaks, `--jobs` workers at a time; each waits for GO
     while pending or procs:
         while pending and len(procs) < args.jobs:
             job = pending.pop(0)
+            wenv = env
+            if args.gpus > 1:  # spread workers over the host's GPUs, round robin
+                wenv = {**env, "CUDA_VISIBLE_DEVICES": str(started % args.gpus)}
+            started += 1
             p = subprocess.Popen([sys.executable, __file__, "--worker", *job], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, text=True, env=env)
+                                 stdout=subprocess.PIPE, text=True, env=wenv)
             procs.append((job, p))
         for job, p in list(procs):
             assert p.stdout is not None
@@ -260,6 +270,8 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
             procs.remove((job, p))
             if line:
                 ready.append((job, p))
+                if args.json:  # peaks so far survive a driver that is killed
+                    Path(args.json).write_text(json.dumps([r for v in peaks.values() for r in v], indent=1))
                 print(f"[{time.perf_counter() - t0:6.0f} s] compiled {' '.join(job[-2:])}", file=sys.stderr,
                       flush=True)
             else:
@@ -299,8 +311,8 @@ def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     for m in modes:
         head += f" {m} MB (×stock) | {m} ms (×stock) | {m} ≤ stock at ≥budget |"
         sep += "---|---|---|"
-    head += " grad rel L2 (stock / " + " / ".join(modes) + ") | compile s (stock / pass added) |"
-    lines = [head, sep + "---|---|"]
+    head += " grad rel L2 (stock / " + " / ".join(modes) + ") | compile s (stock / pass added) | masks saved MB |"
+    lines = [head, sep + "---|---|---|"]
     for b in sorted(k for k in by_budget if k >= 0):
         v = by_budget[b]
         s = v.get("stock")
@@ -319,13 +331,15 @@ def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
             line += f" {r['peak_mb']:.1f} ({r['peak_mb'] / s['peak_mb']:.2f}) | {ms:.1f} ({ms / stock_ms:.3f}) | {ok} |"
             grads.append(f"{r.get('grad_rel_l2', float('nan')):.1e}")
         pass_s = max((v[m]["pass_s"] for m in modes if m in v), default=0.0)
-        line += f" {' / '.join(grads)} | {s['compile_s']:.0f} / +{pass_s:.1f} |"
+        masks = max((sum(rep.get("random_saved_bytes", 0) for rep in v[m]["reports"]) for m in modes if m in v),
+                    default=0)
+        line += f" {' / '.join(grads)} | {s['compile_s']:.0f} / +{pass_s:.1f} | {masks / 1e6:.1f} |"
         lines.append(line)
     if -1.0 in by_budget:
         a = by_budget[-1.0]["ac"]
         lines.append(f"| per-layer checkpointing (budget 1.0) | {a['peak_mb']:.1f} |"
                      f" {a.get('step_ms', float('nan')):.1f} |" + " |" * (3 * len(modes))
-                     + f" {a.get('grad_rel_l2', float('nan')):.1e} | {a['compile_s']:.0f} |")
+                     + f" {a.get('grad_rel_l2', float('nan')):.1e} | {a['compile_s']:.0f} | |")
     return "\n".join(lines)
 
 
@@ -341,12 +355,15 @@ def main() -> None:
     parser.add_argument("--ac", action="store_true", help="add per-layer activation checkpointing (compiled)")
     parser.add_argument("--grads", action="store_true", help="compare gradients with a reference")
     parser.add_argument("--jobs", type=int, default=1, help="workers compiling at once")
+    parser.add_argument("--gpus", type=int, default=1, help="spread workers over this many GPUs")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
     parser.add_argument("--device", default=None)
     parser.add_argument("--json", default=None, help="write all rows here")
     parser.add_argument("--deadline", type=float, default=None,
                         help="seconds after which remaining workers skip step timing (peaks are kept)")
+    parser.add_argument("--cold", action="store_true",
+                        help="no kernel cache either (compile times as on a fresh machine; slower)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--budget", type=float, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -20,6 +20,7 @@ manager, set the partitioner yourself:
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -81,7 +82,10 @@ def _partitioner_class() -> type:
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
     class RematPartitioner(CustomPartitionerFn):  # type: ignore[misc]
-        """Inductor's `custom_partitioner_fn` running memprof's pass (uuid None: never cached)."""
+        """Inductor's `custom_partitioner_fn` running memprof's pass.
+
+        Its `uuid()` names the mode and the pass's source, so Inductor's caches key on it: a stock
+        compile and a pass compile never share an entry."""
 
         _memprof_remat = True
 
@@ -100,10 +104,31 @@ def _partitioner_class() -> type:
 
             return fx.partition(_base(inner), gm, joint_inputs, mode, kwargs)
 
-        def uuid(self) -> None:
-            return None
+        def uuid(self) -> str | None:
+            mode = self.mode or active_mode()
+            inner = self.inner
+            inner_id = None
+            if inner is not None:
+                inner_id = inner.uuid() if hasattr(inner, "uuid") else None
+                if inner_id is None:
+                    return None  # an uncacheable partitioner inside: no key at all
+            return _source_hash(f"{mode}|{inner_id}")
 
     return RematPartitioner
+
+
+@functools.cache
+def _source_hash(salt: str) -> str:
+    """sha256 of `salt` and memprof's Python source (the pass's decisions depend on nothing else)."""
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256(salt.encode())
+    package = Path(__file__).resolve().parent.parent
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
 
 
 def partitioner(mode: str) -> Any:
@@ -124,7 +149,8 @@ def _install() -> None:
     from torch._functorch.partitioners import default_partition
 
     _patch(inductor_config, "custom_partitioner_fn", _partitioner_class()(None, inductor_config.custom_partitioner_fn))
-    _patch(inductor_config, "force_disable_caches", True)  # a cache hit would skip the pass
+    # AOTAutograd's cache would return graphs partitioned before (no report); Inductor's FX graph and
+    # kernel caches key on the partitioned graphs and stay on
     _patch(functorch_config, "enable_autograd_cache", False)
     original_call = AotAutograd.__call__
 

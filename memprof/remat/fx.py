@@ -144,7 +144,8 @@ def joint_model(joint_graph: Any, node_info: Any, num_fwd_outputs: int) -> tuple
     inputs = set(node_info.inputs)
     for n in node_info.inputs:
         nodes[index[n]].resident = True
-    forward = [n in node_info.required_fw_nodes or n in node_info.unclaimed_nodes for n in fx_nodes]
+    claimed = set(node_info.required_fw_nodes) | set(node_info.unclaimed_nodes)  # (lists in torch 2.11)
+    forward = [n in claimed for n in fx_nodes]
     primals = [index[n] for n in node_info.inputs]
     tangents = [i for i, n in enumerate(fx_nodes) if n.op == "placeholder" and n not in inputs]
     out = next(n for n in reversed(fx_nodes) if n.op == "output")
@@ -217,6 +218,7 @@ class _SaveHook:
         r.fw_estimate = decision.chosen.fw_peak
         r.saved_added = [fx_nodes[j].name for j in decision.added]
         r.random_saved = [fx_nodes[j].name for j in decision.random_cut]
+        r.random_saved_bytes = sum(joint.nodes[j].nbytes for j in decision.random_cut)
         r.stock_saved_bytes = decision.stock.saved_bytes
         r.saved_bytes = decision.chosen.saved_bytes
         r.stock_recompute_cost = decision.stock.recompute_cost

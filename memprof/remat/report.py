@@ -18,6 +18,7 @@ class RematReport:
     fw_estimate: int | None = None
     saved_added: list[str] = field(default_factory=list)  # layer-boundary values now saved
     random_saved: list[str] = field(default_factory=list)  # saved so that no random op is recomputed
+    random_saved_bytes: int = 0  # what saving them costs (dropout masks and the like)
     stock_random_recomputed: int | None = None  # random ops the stock plan's backward would redraw
     stock_saved_bytes: int | None = None
     saved_bytes: int | None = None
@@ -67,7 +68,8 @@ class RematReport:
         if self.saved_added:
             parts.append(f"{len(self.saved_added)} layer boundaries saved")
         if self.random_saved:
-            parts.append(f"{len(self.random_saved)} random values saved (no redraw)")
+            parts.append(f"{len(self.random_saved)} random values saved (no redraw, "
+                         f"{self.random_saved_bytes / 1e6:.1f} MB)")
         parts.append(f"{self.usesite_edits} use-site edits")
         if saved is not None:
             parts.append(f"estimate {saved / 1e6:+.1f} MB saved".replace("+", ""))
