@@ -129,6 +129,8 @@ def remat_line(r: dict[str, Any]) -> str:
     if r.get("random_saved"):
         parts.append(f"{len(r['random_saved'])} random values saved instead of redrawn "
                      f"({r.get('random_saved_bytes', 0) / 1e6:.1f} MB)")
+    if r.get("masks_saved"):
+        parts.append(f"{len(r['masks_saved'])} attention masks saved (kept broadcast)")
     parts.append(f"{r.get('usesite_edits', 0)} use-site edits")
     before, after = r.get("stock_estimate") or r.get("bw_estimate_before"), None
     fw, bw = r.get("fw_estimate"), r.get("bw_estimate_after")

@@ -110,6 +110,25 @@ def test_dropout_model_equals_budget_one_with_the_same_masks(budget: float) -> N
         assert _rel(stock, ref) > 1e-3
 
 
+def test_attention_bias_bases_are_found_through_views() -> None:
+    """The mask under the efficient-attention backward's bias (Inductor copies an expansion of an
+    unsaved mask dense: B x H x L x L) is what the pass pins; a bias passed as is is not."""
+    from memprof.remat.fx import bias_bases
+
+    aten = torch.ops.aten
+    g = torch.fx.Graph()
+    t = [g.placeholder(n) for n in ("grad", "q", "k", "v", "out", "lse", "seed", "offset", "x")]
+    mask = g.call_function(aten.gt.Scalar, (t[8], 0.0))
+    where = g.call_function(aten.where.ScalarOther, (mask, t[8], 0.0))
+    bias = g.call_function(aten.expand.default, (where, [2, 8, 16, 16]))
+    attn_bw = aten._scaled_dot_product_efficient_attention_backward.default
+    g.call_function(attn_bw, (t[0], t[1], t[2], t[3], bias, t[4], t[5], t[6], t[7], 0.0, [True] * 4))
+    g.call_function(attn_bw, (t[0], t[1], t[2], t[3], where, t[4], t[5], t[6], t[7], 0.0, [True] * 4))
+    nodes = list(g.nodes)
+    index = {n: i for i, n in enumerate(nodes)}
+    assert bias_bases(nodes, index) == [index[where]]
+
+
 def test_aot_eager_backend_and_partition_fn() -> None:
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.backends.debugging import boxed_nop

@@ -106,6 +106,18 @@ def test_random_ops_are_never_recomputed_and_the_mask_is_the_cheapest_cut() -> N
     assert all(joint.nodes[j].kind != RANDOM for j in decision.chosen.recomputed)
 
 
+def test_pinned_masks_are_saved_only_where_the_backward_would_recompute_them() -> None:
+    joint, hs = _chain_joint(3)
+    names = {n.name: i for i, n in enumerate(joint.nodes)}
+    stock = evaluate(joint, {0, 1})
+    assert names["h2"] in stock.recomputed
+    decision = choose_saves(joint, [0, 1], pinned=[names["h2"], names["tangent"], names["gw0"]])
+    assert decision.pinned == [names["h2"]]  # a tangent and a backward value are never saved
+    assert names["h2"] in decision.saved and names["h2"] not in decision.chosen.recomputed
+    assert decision.chosen.recompute_cost <= stock.recompute_cost
+    assert choose_saves(joint, [0, 1, names["h2"]], pinned=[names["h2"]]).pinned == []  # already saved
+
+
 def _program() -> Program:
     # x (saved, 100) -> a = x*2 (pointwise 100) used at step 1 and at the very end;
     # a big temporary (1000) in between is the peak.

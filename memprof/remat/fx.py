@@ -73,6 +73,26 @@ def _is_view(target: Any) -> bool:
     return info is not None and not info.is_write
 
 
+# kernels whose Inductor lowering (`sdpa_constraint`) copies an attention bias dense unless it is a
+# realized, aligned tensor: an expanded view of a mask computed in the same graph becomes
+# B x H x L x L (argument 4 of both ops)
+_DENSE_BIAS_OPS = {"_scaled_dot_product_efficient_attention_backward", "_efficient_attention_backward"}
+
+
+def bias_bases(fx_nodes: list[Any], index: dict[Any, int]) -> list[int]:
+    """Indices of the values under the attention biases of `_DENSE_BIAS_OPS` calls (through views)."""
+    out: set[int] = set()
+    for n in fx_nodes:
+        if n.op != "call_function" or op_name(n.target) not in _DENSE_BIAS_OPS or len(n.args) < 5:
+            continue
+        bias, through_view = n.args[4], False
+        while hasattr(bias, "target") and _is_view(bias.target) and bias.args:
+            bias, through_view = bias.args[0], True
+        if through_view and bias in index:
+            out.add(index[bias])
+    return sorted(out)
+
+
 def _mutates(target: Any) -> bool:
     schema = getattr(target, "_schema", None)
     if schema is None:
@@ -211,7 +231,7 @@ class _SaveHook:
         joint, fx_nodes = joint_model(joint_graph, node_info, self.num_fwd_outputs)
         index = {n: i for i, n in enumerate(fx_nodes)}
         stock_idx = [index[n] for n in stock if n in index]
-        decision = choose_saves(joint, stock_idx, time_limit=self.time_limit)
+        decision = choose_saves(joint, stock_idx, time_limit=self.time_limit, pinned=bias_bases(fx_nodes, index))
         r = self.report
         r.stock_estimate = decision.stock.peak
         r.saves_estimate = decision.chosen.peak
@@ -219,6 +239,7 @@ class _SaveHook:
         r.saved_added = [fx_nodes[j].name for j in decision.added]
         r.random_saved = [fx_nodes[j].name for j in decision.random_cut]
         r.random_saved_bytes = sum(joint.nodes[j].nbytes for j in decision.random_cut)
+        r.masks_saved = [fx_nodes[j].name for j in decision.pinned]
         r.stock_saved_bytes = decision.stock.saved_bytes
         r.saved_bytes = decision.chosen.saved_bytes
         r.stock_recompute_cost = decision.stock.recompute_cost
@@ -226,7 +247,7 @@ class _SaveHook:
         r.save_seconds = decision.seconds
         r.stock_random_recomputed = sum(1 for j in decision.stock.recomputed if joint.nodes[j].kind == RANDOM)
         r.notes.extend(decision.notes)
-        extra = [fx_nodes[j] for j in sorted(set(decision.added) | set(decision.random_cut))]
+        extra = [fx_nodes[j] for j in sorted(set(decision.added) | set(decision.random_cut) | set(decision.pinned))]
         known = set(stock)
         return list(stock) + [n for n in extra if n not in known]
 
@@ -306,7 +327,8 @@ def partition(fn: Callable[..., Any], gm: Any, joint_inputs: Any, mode: str, kwa
         report.notes.append(f"use-site pass failed, backward left as partitioned ({type(exc).__name__}: {exc})")
         report.usesite_edits = 0
         report.bw_estimate_after = report.bw_estimate_before
-    report.status = "applied" if (report.saved_added or report.random_saved or report.usesite_edits) else "unchanged"
+    changed = report.saved_added or report.random_saved or report.masks_saved or report.usesite_edits
+    report.status = "applied" if changed else "unchanged"
     report.partition_seconds = t_fn - hook.seconds
     report.seconds = time.perf_counter() - t0 - report.partition_seconds  # the pass's own time
     _attach(bw, report)

@@ -19,6 +19,7 @@ class RematReport:
     saved_added: list[str] = field(default_factory=list)  # layer-boundary values now saved
     random_saved: list[str] = field(default_factory=list)  # saved so that no random op is recomputed
     random_saved_bytes: int = 0  # what saving them costs (dropout masks and the like)
+    masks_saved: list[str] = field(default_factory=list)  # attention masks saved so Inductor keeps them broadcast
     stock_random_recomputed: int | None = None  # random ops the stock plan's backward would redraw
     stock_saved_bytes: int | None = None
     saved_bytes: int | None = None
@@ -70,6 +71,8 @@ class RematReport:
         if self.random_saved:
             parts.append(f"{len(self.random_saved)} random values saved (no redraw, "
                          f"{self.random_saved_bytes / 1e6:.1f} MB)")
+        if self.masks_saved:
+            parts.append(f"{len(self.masks_saved)} attention masks saved (kept broadcast)")
         parts.append(f"{self.usesite_edits} use-site edits")
         if saved is not None:
             parts.append(f"estimate {saved / 1e6:+.1f} MB saved".replace("+", ""))

@@ -10,7 +10,12 @@ the backward holds all of it: the "less budget, more memory" peak.
 1. cuts every random op out of the backward's recomputation: it saves the random value, or
    its cheapest set of consumers (a dropout's boolean mask), so the backward never redraws
    randomness (upstream #190758) and no random op is duplicated;
-2. adds the layer-boundary values the backward would otherwise recompute (values the forward
+2. saves the masks whose expansion feeds a kernel that Inductor hands dense inputs (`pinned`,
+   found by the FX adapter: the attention bias of the CUDA efficient-attention backward). Computed
+   in the backward, the expanded view of an unrealized mask is copied dense once (B x H x L x L:
+   67 MB on the paper Llama, live across the whole backward); saved, it stays a broadcast view of
+   a B x 1 x L x L input;
+3. adds the layer-boundary values the backward would otherwise recompute (values the forward
    hands from one layer to the next), when the estimate says the step's peak falls; then drops
    each one whose removal does not raise it again.
 Adding saved values never adds recomputation, so the step's work is at most the stock plan's.
@@ -71,6 +76,7 @@ class SaveDecision:
     chosen: Evaluation
     added: list[int] = field(default_factory=list)  # layer-boundary values added
     random_cut: list[int] = field(default_factory=list)  # values saved so no random op is recomputed
+    pinned: list[int] = field(default_factory=list)  # masks saved so no expansion of them is made dense
     evaluations: int = 0
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -186,17 +192,22 @@ def boundary_values(joint: Joint, execute: set[int]) -> list[int]:
     return out
 
 
-def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fuse: bool = True) -> SaveDecision:
-    """The saved set: the stock one, made random-safe and extended by layer boundaries where that pays."""
+def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fuse: bool = True,
+                 pinned: Sequence[int] = ()) -> SaveDecision:
+    """The saved set: the stock one, made random-safe, with `pinned` values saved where the backward
+    would recompute them, and extended by layer boundaries where that pays."""
     t0 = time.perf_counter()
     stock_set = set(stock)
     stock_eval = evaluate(joint, stock_set, fuse)
     evaluations = 1
     saved = set(stock_set)
     cut = _random_cut(joint, saved)
-    current = evaluate(joint, saved, fuse) if cut else stock_eval
-    evaluations += bool(cut)
-    decision = SaveDecision(sorted(saved), stock_eval, current, [], cut)
+    execute, _ = backward_needs(joint, saved)
+    pins = sorted({j for j in pinned if j in execute and joint.forward[j] and joint.nodes[j].kind != RANDOM})
+    saved |= set(pins)
+    current = evaluate(joint, saved, fuse) if cut or pins else stock_eval
+    evaluations += bool(cut or pins)
+    decision = SaveDecision(sorted(saved), stock_eval, current, [], cut, pins)
     execute, _ = backward_needs(joint, saved)
     extra = boundary_values(joint, execute)
     if extra:
