@@ -176,6 +176,10 @@ def test_plain_torch_compile_with_custom_partitioner() -> None:
 def test_partitioner_uuid_names_mode_and_source() -> None:
     light, also_light, everything = remat.partitioner("light"), remat.partitioner("light"), remat.partitioner("all")
     assert isinstance(light.uuid(), str) and light.uuid() == also_light.uuid() != everything.uuid()
+    import pickle
+
+    again = pickle.loads(pickle.dumps(light))  # Inductor pickles its config for cache keys
+    assert type(again) is type(light) and again.uuid() == light.uuid()
     cls = type(light)
     assert cls(None, lambda *a, **k: None).uuid() is None  # an inner partitioner without a uuid: uncacheable
     with remat.enable("all"):

@@ -107,7 +107,7 @@ def test_random_ops_are_never_recomputed_and_the_mask_is_the_cheapest_cut() -> N
 
 
 def test_pinned_masks_are_saved_only_where_the_backward_would_recompute_them() -> None:
-    joint, hs = _chain_joint(3)
+    joint, _ = _chain_joint(3)
     names = {n.name: i for i, n in enumerate(joint.nodes)}
     stock = evaluate(joint, {0, 1})
     assert names["h2"] in stock.recomputed

@@ -78,6 +78,7 @@ def partition_fn(mode: str, base: Callable[..., Any] | None = None) -> Callable[
     return fn
 
 
+@functools.cache
 def _partitioner_class() -> type:
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
@@ -104,6 +105,9 @@ def _partitioner_class() -> type:
 
             return fx.partition(_base(inner), gm, joint_inputs, mode, kwargs)
 
+        def __reduce__(self) -> tuple[Any, ...]:  # Inductor pickles its config for cache keys
+            return _make_partitioner, (self.mode, self.inner)
+
         def uuid(self) -> str | None:
             mode = self.mode or active_mode()
             inner = self.inner
@@ -115,6 +119,10 @@ def _partitioner_class() -> type:
             return _source_hash(f"{mode}|{inner_id}")
 
     return RematPartitioner
+
+
+def _make_partitioner(mode: str | None, inner: Any = None) -> Any:
+    return _partitioner_class()(mode, inner)
 
 
 @functools.cache
