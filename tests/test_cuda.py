@@ -195,3 +195,33 @@ def test_tensors_from_before_the_capture_are_named() -> None:
     params = sum(p.numel() * 4 for p in model.parameters())
     assert params <= cats["parameter"] and 2 * params <= cats["optimizer_state"]
     print("\npre-existing tensors: " + ", ".join(f"{k} {v:,}" for k, v in cats.items()))
+
+
+def test_remat_saves_the_attention_mask_and_matches_eager_gradients() -> None:
+    """HF Llama's causal mask reaches the efficient-attention backward as an expanded bias; the
+    pass saves it (else Inductor copies the expansion dense) and gradients equal eager."""
+    import copy
+
+    import torch._functorch.config as fc
+
+    import memprof.remat as remat
+
+    ex = example()
+    torch._dynamo.reset()
+    model, ids = ex.build(ex.SMALL, "cuda")
+    reference = copy.deepcopy(model)
+    reference(input_ids=ids).last_hidden_state.sum().backward()
+    old = fc.activation_memory_budget
+    fc.activation_memory_budget = 0.05
+    remat.reports(clear=True)
+    try:
+        with remat.enable("light"):
+            torch.compile(model)(input_ids=ids).last_hidden_state.sum().backward()
+    finally:
+        fc.activation_memory_budget = old
+    reports = remat.reports(clear=True)
+    got = torch.cat([p.grad.flatten() for p in model.parameters()]).double()
+    want = torch.cat([p.grad.flatten() for p in reference.parameters()]).double()
+    assert float((got - want).norm() / want.norm()) <= 1e-5
+    assert reports and reports[0].masks_saved and not reports[0].notes
+

@@ -129,6 +129,26 @@ def test_attention_bias_bases_are_found_through_views() -> None:
     assert bias_bases(nodes, index) == [index[where]]
 
 
+def test_pinned_values_are_saved_and_gradients_still_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The path a CUDA attention mask takes (pinned, saved instead of recomputed), forced on CPU."""
+    from memprof.remat import fx as remat_fx
+
+    picked: list[str] = []
+
+    def pins(fx_nodes: list[torch.fx.Node], index: dict[torch.fx.Node, int]) -> list[int]:
+        out = [index[n] for n in fx_nodes if n.op == "call_function" and n.name.startswith("rsqrt")][:2]
+        picked.extend(fx_nodes[j].name for j in out)
+        return out
+
+    monkeypatch.setattr(remat_fx, "bias_bases", pins)
+    model, x = _llama()
+    ref = _grads(copy.deepcopy(model), x)
+    g, reports = _compiled(copy.deepcopy(model), 0.0, "light", x)
+    assert _rel(g, ref) <= 1e-5
+    assert picked and reports[0].masks_saved == picked  # budget 0 recomputes them all: all pinned
+    assert "2 attention masks saved" in reports[0].summary()
+
+
 def test_aot_eager_backend_and_partition_fn() -> None:
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.backends.debugging import boxed_nop
