@@ -50,6 +50,19 @@ def _example(name: str) -> Any:
     return mod
 
 
+def example_loss(name: str, model: Any, ids: Any) -> Any:
+    """The step's loss: Llama's `last_hidden_state.sum()` (the paper's); for BERT a fixed random
+    projection, since a plain sum is ~0 after LayerNorm."""
+    import torch
+
+    out = model(input_ids=ids).last_hidden_state
+    if name == "llama":
+        return out.sum()
+    g = torch.Generator().manual_seed(4242)
+    r = torch.randn(out.shape[-1], generator=g).to(out.device)
+    return (out * r).sum() / out[..., 0].numel()
+
+
 # ----------------------------------------------------------------------------------- worker
 def _inductor() -> Any:
     """A fresh Inductor backend object: Dynamo guards compiled code on the backend, so variants
@@ -89,12 +102,7 @@ class Worker:
         return model
 
     def loss(self, model: Any) -> Any:
-        out = model(input_ids=self.ids).last_hidden_state
-        if self.args.model == "llama":
-            return out.sum()  # the paper's loss (not degenerate after RMSNorm)
-        g = self.torch.Generator().manual_seed(4242)
-        r = self.torch.randn(out.shape[-1], generator=g).to(out.device)
-        return (out * r).sum() / out[..., 0].numel()
+        return example_loss(self.args.model, model, self.ids)
 
     def sync(self) -> None:
         if self.device.startswith("cuda"):

@@ -15,12 +15,10 @@ Llama was found (docs/remat.md).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench_remat import _example, example_loss  # same model loading and loss as the benchmark
 
 
 def main() -> None:
@@ -40,11 +38,7 @@ def main() -> None:
     import memprof
     import memprof.remat as remat
 
-    spec = importlib.util.spec_from_file_location("_example", ROOT / "examples" / f"train_{args.model}.py")
-    assert spec and spec.loader
-    example = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = example
-    spec.loader.exec_module(example)
+    example = _example(args.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, ids = example.build(example.PAPER if args.paper else example.SMALL, device)
     compiled = torch.compile(model)
@@ -53,7 +47,7 @@ def main() -> None:
     def step() -> None:
         if args.model == "bert":
             torch.manual_seed(1234)
-        compiled(input_ids=ids).last_hidden_state.sum().backward()
+        example_loss(args.model, compiled, ids).backward()
 
     functorch_config.activation_memory_budget = args.budget
     remat.reports(clear=True)
