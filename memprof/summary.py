@@ -124,6 +124,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 def remat_line(r: dict[str, Any]) -> str:
     """One line on what memprof's remat pass did to a plan (from its stored report)."""
     parts = [f"remat {r.get('mode')}: {r.get('status')}"]
+    if r.get("start_budget") is not None:
+        parts.append(f"started from budget {r['start_budget']:g}'s saved set")
     if r.get("saved_added"):
         parts.append(f"{len(r['saved_added'])} layer boundaries saved")
     if r.get("random_saved"):

@@ -149,6 +149,29 @@ def test_pinned_values_are_saved_and_gradients_still_match(monkeypatch: pytest.M
     assert "2 attention masks saved" in reports[0].summary()
 
 
+def test_larger_budget_starting_points_only_lower_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Starting from nearby larger budgets' stock saved sets keeps the lowest estimated peak that
+    recomputes no more than the stock plan: never above the plan grown from the budget's own set."""
+    from memprof.remat import fx as remat_fx
+
+    model, x = _llama()
+    ref = _grads(copy.deepcopy(model), x)
+    monkeypatch.setattr(remat_fx, "LADDER", ())
+    _, own = _compiled(copy.deepcopy(model), 0.05, "light", x, backend="aot_eager")
+    monkeypatch.setattr(remat_fx, "LADDER", (0.01, 0.02, 0.03, 0.05, 0.08))
+    g, ladder = _compiled(copy.deepcopy(model), 0.05, "light", x, backend="aot_eager")
+    assert _rel(g, ref) <= 1e-5
+    assert own[0].ladder_tried == 0 and own[0].start_budget is None
+    r = ladder[0]
+    assert r.ladder_tried >= 1  # the small Llama's knapsack picks other sets at 0.06-0.13
+    assert r.saves_estimate is not None and own[0].saves_estimate is not None
+    assert r.saves_estimate <= own[0].saves_estimate
+    assert r.recompute_cost is not None and r.stock_recompute_cost is not None
+    assert r.recompute_cost <= r.stock_recompute_cost
+    if r.start_budget is not None:
+        assert 0.05 < r.start_budget <= 0.13 and f"started from budget {r.start_budget:g}" in r.summary()
+
+
 def test_aot_eager_backend_and_partition_fn() -> None:
     from torch._dynamo.backends.common import aot_autograd
     from torch._dynamo.backends.debugging import boxed_nop

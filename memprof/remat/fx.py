@@ -192,13 +192,23 @@ def random_count(gm: Any) -> int:
     return sum(1 for n in gm.graph.nodes if is_random_node(n))
 
 
+# budgets above the requested one whose stock saved sets the pass also starts from (it keeps the
+# candidate with the lowest estimated peak that recomputes no more than the stock plan; ties go to
+# less recomputation, then to the nearest budget): a larger budget's knapsack can pick a set that
+# splits the layers better, so a smaller budget need not end higher than a nearby larger one. All
+# steps always run (no time-dependent choice), so a plan does not depend on the machine's speed.
+LADDER = (0.01, 0.02, 0.03, 0.05, 0.08)
+
+
 class _SaveHook:
     """Replaces `choose_saved_values_set` for one partitioner call."""
 
-    def __init__(self, report: RematReport, num_fwd_outputs: int, time_limit: float) -> None:
+    def __init__(self, report: RematReport, num_fwd_outputs: int, time_limit: float,
+                 ladder: tuple[float, ...] | None = None) -> None:
         self.report = report
         self.num_fwd_outputs = num_fwd_outputs
         self.time_limit = time_limit
+        self.ladder = LADDER if ladder is None else ladder
         self.called = False
         self.seconds = 0.0  # spent deciding (inside the partitioner call)
 
@@ -207,14 +217,25 @@ class _SaveHook:
 
         self.module = P
         self.original = P.choose_saved_values_set
+        self.original_min_cut = P.solve_min_cut
         hook = self
+        memo: dict[tuple[int, str, frozenset[Any]], tuple[list[Any], Any]] = {}
+
+        def solve_min_cut(joint_graph: Any, node_info: Any, options: Any, dont_ban: Any = None) -> Any:
+            # the knapsack at every budget starts from the same three cuts; only the last one differs
+            key = (id(joint_graph), repr(options), frozenset(dont_ban or ()))
+            if key not in memo:
+                memo[key] = hook.original_min_cut(joint_graph, node_info, options, dont_ban)
+            saved, banned = memo[key]
+            return list(saved), type(banned)(banned)
 
         def choose(joint_graph: Any, node_info: Any, *args: Any, **kwargs: Any) -> Any:
             stock = hook.original(joint_graph, node_info, *args, **kwargs)
             hook.called = True
+            budget = float(kwargs.get("memory_budget", args[0] if args else 1.0))
             t0 = time.perf_counter()
             try:
-                return hook.decide(joint_graph, node_info, stock)
+                return hook.decide(joint_graph, node_info, stock, budget)
             except Exception as exc:
                 hook.report.notes.append(f"saved-set choice failed, stock set kept ({type(exc).__name__}: {exc})")
                 return stock
@@ -222,34 +243,62 @@ class _SaveHook:
                 hook.seconds += time.perf_counter() - t0
 
         P.choose_saved_values_set = choose
+        P.solve_min_cut = solve_min_cut  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.module.choose_saved_values_set = self.original
+        self.module.solve_min_cut = self.original_min_cut
 
-    def decide(self, joint_graph: Any, node_info: Any, stock: list[Any]) -> list[Any]:
+    def decide(self, joint_graph: Any, node_info: Any, stock: list[Any], budget: float = 1.0) -> list[Any]:
+        t0 = time.perf_counter()
         joint, fx_nodes = joint_model(joint_graph, node_info, self.num_fwd_outputs)
         index = {n: i for i, n in enumerate(fx_nodes)}
+        pins = bias_bases(fx_nodes, index)
         stock_idx = [index[n] for n in stock if n in index]
-        decision = choose_saves(joint, stock_idx, time_limit=self.time_limit, pinned=bias_bases(fx_nodes, index))
+        own = choose_saves(joint, stock_idx, time_limit=self.time_limit, pinned=pins)
+        decision, start, start_budget = own, stock, budget
+        seen = {frozenset(stock_idx)}
+        tried = 0
+        t_ladder = time.perf_counter()
+        cap = max(10.0, 3 * self.time_limit)  # a guard for huge graphs; the paper Llama takes ~1 s a step
+        for step in self.ladder if 0.0 <= budget < 1.0 else ():
+            b = round(budget + step, 6)
+            if b >= 1.0:
+                break
+            if time.perf_counter() - t_ladder > cap:
+                self.report.notes.append(f"larger-budget starting points stopped after {cap:.0f} s")
+                break
+            cand = self.original(joint_graph, node_info, memory_budget=b)
+            cand_idx = [index[n] for n in cand if n in index]
+            if frozenset(cand_idx) in seen:
+                continue
+            seen.add(frozenset(cand_idx))
+            tried += 1
+            d = choose_saves(joint, cand_idx, time_limit=self.time_limit, pinned=pins)
+            better = (d.chosen.peak, d.chosen.recompute_cost) < (decision.chosen.peak, decision.chosen.recompute_cost)
+            if better and d.chosen.recompute_cost <= own.stock.recompute_cost:
+                decision, start, start_budget = d, cand, b
         r = self.report
-        r.stock_estimate = decision.stock.peak
+        r.ladder_tried = tried
+        r.start_budget = start_budget if start_budget != budget else None
+        r.stock_estimate = own.stock.peak
         r.saves_estimate = decision.chosen.peak
         r.fw_estimate = decision.chosen.fw_peak
         r.saved_added = [fx_nodes[j].name for j in decision.added]
         r.random_saved = [fx_nodes[j].name for j in decision.random_cut]
         r.random_saved_bytes = sum(joint.nodes[j].nbytes for j in decision.random_cut)
         r.masks_saved = [fx_nodes[j].name for j in decision.pinned]
-        r.stock_saved_bytes = decision.stock.saved_bytes
+        r.stock_saved_bytes = own.stock.saved_bytes
         r.saved_bytes = decision.chosen.saved_bytes
-        r.stock_recompute_cost = decision.stock.recompute_cost
+        r.stock_recompute_cost = own.stock.recompute_cost
         r.recompute_cost = decision.chosen.recompute_cost
-        r.save_seconds = decision.seconds
-        r.stock_random_recomputed = sum(1 for j in decision.stock.recomputed if joint.nodes[j].kind == RANDOM)
+        r.save_seconds = time.perf_counter() - t0
+        r.stock_random_recomputed = sum(1 for j in own.stock.recomputed if joint.nodes[j].kind == RANDOM)
         r.notes.extend(decision.notes)
         extra = [fx_nodes[j] for j in sorted(set(decision.added) | set(decision.random_cut) | set(decision.pinned))]
-        known = set(stock)
-        return list(stock) + [n for n in extra if n not in known]
+        known = set(start)
+        return list(start) + [n for n in extra if n not in known]
 
 
 def _rewrite(gm: Any, fx_nodes: list[Any], prog: Program, edits: list[Any]) -> Any:

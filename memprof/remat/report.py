@@ -13,6 +13,8 @@ class RematReport:
     seconds: float = 0.0  # time the pass added to this compile (its own work)
     partition_seconds: float = 0.0  # time of the partitioner it wraps (stock work)
     # saved-set choice (estimates in bytes, from memprof's liveness walk of the simulated programs)
+    start_budget: float | None = None  # a larger budget whose stock saved set the chosen one grew from
+    ladder_tried: int = 0  # other budgets' stock saved sets tried as starting points
     stock_estimate: int | None = None  # stock plan: max(forward, backward) peak
     saves_estimate: int | None = None  # after the saved-set choice
     fw_estimate: int | None = None
@@ -66,6 +68,8 @@ class RematReport:
     def summary(self) -> str:
         saved = self.estimated_bytes_saved
         parts = [f"remat {self.mode}: {self.status}"]
+        if self.start_budget is not None:
+            parts.append(f"started from budget {self.start_budget:g}'s saved set")
         if self.saved_added:
             parts.append(f"{len(self.saved_added)} layer boundaries saved")
         if self.random_saved:
