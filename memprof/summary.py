@@ -11,6 +11,7 @@ from memprof._events import Kind, device_name
 from memprof.attribution import CATEGORIES
 from memprof.capture import Capture
 from memprof.plans import Plan
+from memprof.remat.report import RematReport
 from memprof.timeline import unfollowed_count
 
 
@@ -123,28 +124,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
 
 def remat_line(r: dict[str, Any]) -> str:
     """One line on what memprof's remat pass did to a plan (from its stored report)."""
-    parts = [f"remat {r.get('mode')}: {r.get('status')}"]
-    if r.get("start_budget") is not None:
-        parts.append(f"started from budget {r['start_budget']:g}'s saved set")
-    if r.get("saved_added"):
-        parts.append(f"{len(r['saved_added'])} layer boundaries saved")
-    if r.get("random_saved"):
-        parts.append(f"{len(r['random_saved'])} random values saved instead of redrawn "
-                     f"({r.get('random_saved_bytes', 0) / 1e6:.1f} MB)")
-    if r.get("masks_saved"):
-        parts.append(f"{len(r['masks_saved'])} attention masks saved (kept broadcast)")
-    parts.append(f"{r.get('usesite_edits', 0)} use-site edits")
-    before, after = r.get("stock_estimate") or r.get("bw_estimate_before"), None
-    fw, bw = r.get("fw_estimate"), r.get("bw_estimate_after")
-    if fw is not None or bw is not None:
-        after = max(x for x in (fw, bw) if x is not None)
-    if before and after is not None:
-        parts.append(f"estimated peak {before / 1e6:.1f} -> {after / 1e6:.1f} MB")
-    parts.append(f"{r.get('seconds', 0.0):.2f} s")
-    line = ", ".join(parts)
-    for note in r.get("notes", []):
-        line += f"; {note}"
-    return line
+    return RematReport.from_json(r).summary()
 
 
 def rng_warnings(cap: Capture) -> list[str]:

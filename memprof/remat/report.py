@@ -66,19 +66,20 @@ class RematReport:
         return cls(**{k: v for k, v in data.items() if k in names})
 
     def summary(self) -> str:
-        saved = self.estimated_bytes_saved
+        """One line on what the pass did (`memprof report` prints it under the plan)."""
         parts = [f"remat {self.mode}: {self.status}"]
         if self.start_budget is not None:
             parts.append(f"started from budget {self.start_budget:g}'s saved set")
         if self.saved_added:
             parts.append(f"{len(self.saved_added)} layer boundaries saved")
         if self.random_saved:
-            parts.append(f"{len(self.random_saved)} random values saved (no redraw, "
-                         f"{self.random_saved_bytes / 1e6:.1f} MB)")
+            parts.append(f"{len(self.random_saved)} random values saved instead of redrawn "
+                         f"({self.random_saved_bytes / 1e6:.1f} MB)")
         if self.masks_saved:
             parts.append(f"{len(self.masks_saved)} attention masks saved (kept broadcast)")
         parts.append(f"{self.usesite_edits} use-site edits")
-        if saved is not None:
-            parts.append(f"estimate {saved / 1e6:+.1f} MB saved".replace("+", ""))
+        before, after = self.estimate_before, self.estimate_after
+        if before and after is not None:
+            parts.append(f"estimated peak {before / 1e6:.1f} -> {after / 1e6:.1f} MB")
         parts.append(f"{self.seconds:.2f} s")
-        return ", ".join(parts)
+        return "; ".join([", ".join(parts), *self.notes])
