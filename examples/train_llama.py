@@ -66,6 +66,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-compile", action="store_true", help="run eagerly")
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--no-optimizer", action="store_true",
+                        help="forward+backward only, gradients kept allocated between steps (zero_grad(set_to_none=False)): "
+                        "the measurement of shared/reference")
     args = parser.parse_args(argv)
 
     size = PAPER if args.paper else SMALL
@@ -73,13 +76,16 @@ def main(argv: list[str] | None = None) -> None:
         size = LlamaSize(**{**size.__dict__, "batch": args.batch})
     model, ids = build(size, args.device)
     step_fn = model if args.no_compile else torch.compile(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    opt = None if args.no_optimizer else torch.optim.AdamW(model.parameters(), lr=args.lr)
     for step in range(1, args.steps + 1):
         t = time.perf_counter()
         loss = step_fn(input_ids=ids).last_hidden_state.sum()
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        else:
+            model.zero_grad(set_to_none=False)
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
         print(f"step {step}: loss {loss.item():.4f} ({(time.perf_counter() - t) * 1e3:.0f} ms)")

@@ -1,4 +1,4 @@
-"""The `memprof` command line: `trace`, `report`, `export` (one module per command).
+"""The `memprof` command line: `trace`, `report`, `export`, `sweep` (one module per command).
 
 Errors from bad input are printed as one line (`memprof: error: ...`) with a non-zero
 exit code and no traceback; set MEMPROF_DEBUG=1 to see the traceback of internal errors.
@@ -22,11 +22,12 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from memprof.cli import export, report, trace
+    from memprof.cli import export, report, sweep, trace
 
     cli.add_command(trace.trace)
     cli.add_command(report.report)
     cli.add_command(export.export)
+    cli.add_command(sweep.sweep)
 
 
 _register()

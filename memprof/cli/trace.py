@@ -6,10 +6,25 @@ import contextlib
 import shlex
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from memprof.cli.options import Budget
+
+
+def _write_measure(cap: Any, path: Path) -> None:
+    import json
+
+    from memprof.sweep.measure import measure
+
+    d: dict[str, Any] = {"meta": {k: cap.meta.get(k) for k in ("status", "exit_code", "error", "budget", "remat")}}
+    try:
+        d["measured"] = measure(cap).to_json() if len(cap.raw) else None
+    except Exception as exc:  # the capture is saved; the sweep measures it from the file instead
+        d["measured"] = None
+        d["measure_error"] = f"{type(exc).__name__}: {exc}"
+    path.write_text(json.dumps(d))
 
 
 def _remat(mode: str) -> contextlib.AbstractContextManager[None]:
@@ -41,8 +56,11 @@ def _remat(mode: str) -> contextlib.AbstractContextManager[None]:
               help="Scopes recorded: every op and kernel, compiled-graph calls only (lower overhead), or none.")
 @click.option("--no-kernel-scopes", is_flag=True,
               help="Do not ask Inductor for per-kernel scopes (lower overhead; graph scopes also off).")
+@click.option("--measure-json", type=click.Path(dir_okay=False), default=None, hidden=True,
+              help="(memprof sweep) write what memprof.sweep.measure finds in the capture here.")
 def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat: str, output: str | None,
-          chrome: str | None, force: bool, max_events: int | None, scopes: str, no_kernel_scopes: bool) -> int:
+          chrome: str | None, force: bool, max_events: int | None, scopes: str, no_kernel_scopes: bool,
+          measure_json: str | None) -> int:
     """Run SCRIPT as `python SCRIPT ARGS` would, capturing every allocation.
 
     memprof's options may come before or after SCRIPT; other options go to the script,
@@ -86,6 +104,8 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat
             cap.save(out)
             if result is None:
                 click.echo(f"memprof: partial capture saved to {out}", err=True)
+            if measure_json is not None:
+                _write_measure(cap, Path(measure_json))
     assert cap is not None and result is not None
     click.echo(render("text", cap), err=True)
     if chrome_path is not None:

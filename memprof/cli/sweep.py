@@ -1,0 +1,85 @@
+"""`memprof sweep SCRIPT [ARGS]... --budgets SPEC`: measure the step peak at every budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
+    short_help="Measure the peak at many activation_memory_budgets and explain the bumps.",
+)
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--budgets", "spec", required=True,
+              help="Budgets: 0.05,0.1,0.3 or START:STOP:STEP (e.g. 0.0:0.30:0.02,1.0), each in [0, 1].")
+@click.option("--remat", "remat", type=click.Choice(["light", "all"]), multiple=True,
+              help="Also measure memprof's remat pass in this mode, side by side with stock (repeatable).")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Budgets measured at once (one process each; several GPUs are used round-robin).")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Output directory [default: sweep_SCRIPT_STEM].")
+@click.option("--force", is_flag=True, help="Replace an existing sweep directory.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=None,
+              help="Seconds one budget may run before it is stopped (recorded as a timeout).")
+@click.option("--noise-mb", type=click.FloatRange(min=0), default=1.5, show_default=True,
+              help="Peak differences up to this many MB (1e6 B) are noise, not a flag.")
+@click.option("--noise-rel", type=click.FloatRange(min=0), default=0.005, show_default=True,
+              help="... or up to this fraction of the larger budget's peak, whichever is more.")
+@click.option("--no-plot", is_flag=True, help="Skip the PNG/SVG plot.")
+def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str, ...], jobs: int,
+          output: str | None, force: bool, timeout: float | None, noise_mb: float, noise_rel: float,
+          no_plot: bool) -> int:
+    """Run SCRIPT once per budget (like `memprof trace SCRIPT --budget B`), then tabulate and plot
+    the step peaks, flag every pair where less budget gives more memory, and explain each flag
+    (what the partitioner saved and recomputed, by op class; what was live at the peak).
+
+    The step peak is the most memory allocated during a training step above what was allocated
+    when it began, median over the steps after the first (compiling) one.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from memprof.runner import check_script
+    from memprof.sweep import parse_budgets, prepare_dir, run_sweep
+    from memprof.sweep.result import MB, Run
+    from memprof.sweep.table import render_findings, render_table
+
+    budgets = parse_budgets(spec)
+    path = check_script(script)
+    out = Path(output) if output else Path(f"sweep_{path.stem}")
+    prepare_dir(out, force)
+    variants = ["stock", *dict.fromkeys(remat)]
+    total = len(budgets) * len(variants)
+    click.echo(f"memprof: sweeping {len(budgets)} budgets x {len(variants)} variant(s) of {path} "
+               f"({jobs} at a time) into {out}/", err=True)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
+        task = bar.add_task("budgets", total=total)
+
+        def done(run: Run) -> None:
+            peak = f"{run.step_peak / MB:.1f} MB" if run.step_peak is not None else run.status
+            bar.console.print(f"  {run.variant} {run.budget:g}: {peak} ({run.wall_s:.0f} s)")
+            bar.advance(task)
+
+        result = run_sweep(str(path), list(script_args), budgets, variants, out, jobs=jobs, timeout=timeout,
+                           progress=done)
+    result.noise = {"abs_bytes": noise_mb * MB, "rel": noise_rel}
+    result.save(out)
+    click.echo(render_table(result))
+    findings = render_findings(result)
+    if findings:
+        click.echo(findings)
+    if not no_plot and any(r.step_peak is not None for r in result.runs):
+        from memprof.sweep.plot import plot
+
+        paths = plot(result, out)
+        click.echo(f"memprof: plot {paths[0]} and {paths[1]}", err=True)
+    click.echo(f"memprof: results in {out / 'sweep.json'}, captures in {out}/", err=True)
+    failed = [r for r in result.runs if not r.ok]
+    if failed and len(failed) == len(result.runs):
+        return 1
+    return 0
+

@@ -1,0 +1,224 @@
+"""What one budget's capture says: step peaks, step time, the plan's selection and lifetimes.
+
+Pure analysis of a loaded `Capture` (numpy; no torch, nothing printed). The step peak follows
+`shared/reference`'s method: the most memory allocated during a step above what was allocated
+when it began, median over the steps after the first (compiling) one. Steps are the capture's
+step markers (optimizer steps or `memprof.step()`); a script with neither is split at each call
+of its first compiled forward graph.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from memprof._events import Kind
+from memprof.capture import Capture
+from memprof.plans import FxNode, Plan
+
+# op classes the diagnosis sums bytes by, in display order
+OP_CLASSES = ("attention", "attention proj", "mlp", "norm", "mask", "random", "embedding", "residual/other")
+
+
+def op_class(node: FxNode) -> str:
+    """The class of a forward value, from its op and module path (`layers.3.mlp.down_proj`)."""
+    target = node.target.lower()
+    path = node.module_path.lower()
+    leaf = path.rsplit(".", 1)[-1]
+    if node.random:
+        return "random"
+    if node.mask or node.dtype == "torch.bool" or node.dtype == "bool":
+        return "mask"
+    if any(k in target for k in ("scaled_dot_product", "_efficient_attention", "_flash_attention", "_cudnn_attention")):
+        return "attention"
+    if "norm" in leaf or "layer_norm" in target or "rsqrt" in target or "var_mean" in target:
+        return "norm"
+    if "mlp" in path or "intermediate" in path or leaf in ("fc1", "fc2", "ffn", "feed_forward") or (
+            ".output" in path and "attention" not in path):
+        return "mlp"
+    if any(k in path for k in ("attn", "attention")):
+        return "attention proj"
+    if "embed" in path or "embedding" in target:
+        return "embedding"
+    return "residual/other"
+
+
+def bytes_by_class(nodes: Iterable[FxNode]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for n in nodes:
+        if n.bytes:
+            out[op_class(n)] += int(n.bytes)
+    return {c: out[c] for c in OP_CLASSES if out.get(c)}
+
+
+@dataclass
+class PlanFacts:
+    """The partitioner's choice for one forward/backward pair, summed by op class."""
+
+    saved_bytes: int
+    recomputed_bytes: int
+    saved: dict[str, int]  # op class -> bytes saved
+    recomputed: dict[str, int]  # op class -> bytes the backward recomputes
+    hold: float | None  # bytes-weighted share of the backward a recomputed value is held (0..1)
+    held_long_bytes: int  # recomputed bytes held over more than half of the backward
+    recomputed_random: list[str]  # random forward nodes the backward runs again
+
+
+def plan_facts(plan: Plan) -> PlanFacts:
+    fw = plan.forward.by_name
+    saved_nodes = [fw[n] for n in plan.saved if n in fw and fw[n].op != "placeholder"]
+    recomputed_nodes = [fw[n] for n in plan.recomputed if n in fw]
+    n_bw = max(1, len(plan.backward.nodes))
+    weight = 0
+    total = 0.0
+    held_long = 0
+    for site in plan.recompute_sites:
+        b = int(site.bytes or 0)
+        share = max(0, site.last_use - site.defined_at) / n_bw
+        weight += b
+        total += b * share
+        if share > 0.5:
+            held_long += b
+    return PlanFacts(
+        saved_bytes=sum(int(n.bytes or 0) for n in saved_nodes),
+        recomputed_bytes=sum(int(n.bytes or 0) for n in recomputed_nodes),
+        saved=bytes_by_class(saved_nodes),
+        recomputed=bytes_by_class(recomputed_nodes),
+        hold=total / weight if weight else None,
+        held_long_bytes=held_long,
+        recomputed_random=list(plan.recomputed_random),
+    )
+
+
+def merge_facts(facts: Sequence[PlanFacts]) -> PlanFacts | None:
+    if not facts:
+        return None
+
+    def add(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+        out: dict[str, int] = defaultdict(int)
+        for d in dicts:
+            for k, v in d.items():
+                out[k] += v
+        return {c: out[c] for c in OP_CLASSES if out.get(c)}
+
+    w = sum(f.recomputed_bytes for f in facts if f.hold is not None)
+    hold = (sum(f.hold * f.recomputed_bytes for f in facts if f.hold is not None) / w) if w else None
+    return PlanFacts(sum(f.saved_bytes for f in facts), sum(f.recomputed_bytes for f in facts),
+                     add(f.saved for f in facts), add(f.recomputed for f in facts), hold,
+                     sum(f.held_long_bytes for f in facts), [r for f in facts for r in f.recomputed_random])
+
+
+@dataclass
+class Measured:
+    """One budget's capture, reduced to what the sweep compares."""
+
+    device: str
+    peak: int  # the device's peak over the whole capture (bytes)
+    step_peak: int | None  # median over measured steps of (peak in the step - allocated at its start)
+    step_peaks: list[int]
+    step_ms: float | None  # median wall time of the measured steps
+    steps: int  # steps found (the first, compiling one, is not measured when there are more)
+    step_source: str  # "markers", "forward graph calls" or "whole capture"
+    compiled: bool  # the script compiled at least one graph with a backward (a plan was recorded)
+    plans: int
+    facts: PlanFacts | None
+    at_peak: dict[str, int] = field(default_factory=dict)  # category -> bytes live at the measured step's peak
+    peak_phase: str = ""  # "forward", "backward", or "" (outside compiled graphs / unknown)
+    buffer_level: bool = False  # Inductor wrapper code joined allocations to FX nodes (recomputed values told apart)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _windows(cap: Capture, device: str) -> tuple[list[tuple[int, int, int, int]], str]:
+    """(start row, end row, t start, t end) per step."""
+    raw = cap.raw
+    steps = cap.steps(device)
+    if len(steps) >= 2:
+        return [(s.start_row, s.end_row, s.t_start_ns, s.t_end_ns) for s in steps], "markers"
+    t_stop = int(cap.meta.get("t_stop_ns", int(raw["t_ns"][-1]) if len(raw) else 0))
+    forward = {g.scope_name for g in cap.graphs if g.role in ("forward", "inference")}
+    begins = np.flatnonzero(raw["kind"] == Kind.SCOPE_BEGIN)
+    names = {int(s): cap.scope_name(int(s)) for s in np.unique(raw["scope"][begins]).tolist()}
+    # each call of a compiled region opens these scopes: Inductor's forward graph, Dynamo's frame
+    # ("Torch-Compiled Region: 0/0", any backend), AOTAutograd's forward ("CompiledFunction")
+    for what, match in (("forward graph calls", lambda n: n in forward),
+                        ("compiled-region calls", lambda n: n.startswith("Torch-Compiled Region:")),
+                        ("compiled-function calls", lambda n: n == "CompiledFunction")):
+        first: int | None = None
+        rows: list[int] = []
+        for r, sid in zip(begins.tolist(), raw["scope"][begins].tolist(), strict=True):
+            if match(names[int(sid)]):
+                if first is None:
+                    first = int(sid)
+                if int(sid) == first:
+                    rows.append(r)
+        if len(rows) >= 2:
+            ends = [*rows[1:], len(raw)]
+            return [(a, b, int(raw["t_ns"][a]), int(raw["t_ns"][b]) if b < len(raw) else t_stop)
+                    for a, b in zip(rows, ends, strict=True)], what
+    t0 = int(cap.meta.get("t_start_ns", 0))
+    return [(0, len(raw), t0, t_stop)], "whole capture"
+
+
+def _phase(cap: Capture, stack: Sequence[str]) -> str:
+    roles = {g.scope_name: g.role for g in cap.graphs}
+    roles.update({"CompiledFunctionBackward": "backward", "CompiledFunction": "forward"})
+    for name in reversed(stack):
+        if name in roles:
+            return roles[name]
+    return ""
+
+
+def measure(cap: Capture, device: str | None = None, attribution: bool = True) -> Measured:
+    device = device or cap.main_device
+    tl = cap.timeline(device)
+    windows, source = _windows(cap, device)
+    excess: list[int] = []
+    times: list[float] = []
+    peak_pos: list[int] = []
+    for start, end, t0, t1 in windows:
+        p0 = tl.pos_before_row(start)
+        p1 = tl.pos_before_row(end)
+        level = tl.allocated_at_pos(p0)
+        inside = tl.allocated[p0 + 1: p1 + 1]
+        if len(inside) and int(inside.max()) > level:
+            excess.append(int(inside.max()) - level)
+            peak_pos.append(p0 + 1 + int(np.argmax(inside)))
+        else:
+            excess.append(0)
+            peak_pos.append(max(p0, 0))
+        times.append((t1 - t0) / 1e6)
+    measured = slice(1, None) if len(windows) >= 2 else slice(None)
+    ex, tm, pp = excess[measured], times[measured], peak_pos[measured]
+    step_peak = int(statistics.median_low(ex)) if ex else None
+    notes: list[str] = []
+    facts = merge_facts([plan_facts(p) for p in cap.plans])
+    at_peak: dict[str, int] = {}
+    phase = ""
+    if pp and len(tl.rows):
+        # the measured step whose excess is the median: what is live at its peak, and where
+        pos = pp[ex.index(step_peak)] if step_peak in ex else pp[0]
+        if attribution:
+            try:
+                from memprof.attribution import rows_at
+
+                at_peak = {r.key: int(r.bytes) for r in rows_at(tl, cap.labels(device), pos, "category") if r.bytes}
+            except Exception as exc:  # attribution is a diagnosis aid; the peaks stand without it
+                notes.append(f"attribution unavailable ({type(exc).__name__}: {exc})")
+        from memprof.timeline import scope_stack_at
+
+        row = int(tl.rows[pos])
+        phase = _phase(cap, [cap.scope_name(s) for s in scope_stack_at(cap.raw, row)])
+    return Measured(
+        device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
+        step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
+        compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
+        buffer_level=bool(cap.graphs), notes=notes,
+    )

@@ -1,0 +1,183 @@
+"""A sweep's results as plain data (`sweep.json`), and the analysis over them (pure)."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memprof.errors import MemprofError
+from memprof.sweep.detect import ABS_TOL, REL_TOL, Flag, non_monotone, worst_per_budget
+from memprof.sweep.measure import OP_CLASSES, PlanFacts
+
+FORMAT = 1
+MB = 1e6
+
+
+@dataclass
+class Run:
+    """One budget in one variant ("stock", or a remat mode), measured in its own process."""
+
+    variant: str
+    budget: float
+    status: str  # completed | exit | exception | oom | interrupted | crashed | timeout
+    exit_code: int | None
+    error: str | None
+    capture: str | None  # file name inside the sweep directory
+    log: str
+    wall_s: float
+    measured: dict[str, Any] | None = None  # memprof.sweep.measure.Measured.to_json()
+
+    @property
+    def ok(self) -> bool:
+        return self.measured is not None and self.status in ("completed", "exit") and self.exit_code == 0
+
+    @property
+    def step_peak(self) -> int | None:
+        return None if not self.ok or self.measured is None else self.measured.get("step_peak")
+
+    @property
+    def facts(self) -> PlanFacts | None:
+        f = (self.measured or {}).get("facts")
+        return PlanFacts(**f) if f else None
+
+
+@dataclass
+class Diagnosis:
+    """Why `flag.low` peaks above `flag.high`: selection and lifetime, from the two captures."""
+
+    variant: str
+    low: float
+    high: float
+    low_peak: int
+    high_peak: int
+    lines: list[str]
+
+
+@dataclass
+class Sweep:
+    command: list[str]
+    budgets: list[float]
+    variants: list[str]
+    runs: list[Run]
+    noise: dict[str, float] = field(default_factory=lambda: {"abs_bytes": ABS_TOL, "rel": REL_TOL})
+    notes: list[str] = field(default_factory=list)
+    format: int = FORMAT
+
+    def runs_of(self, variant: str) -> list[Run]:
+        return sorted((r for r in self.runs if r.variant == variant), key=lambda r: r.budget)
+
+    def flags(self, variant: str = "stock") -> list[Flag]:
+        return non_monotone([(r.budget, r.step_peak) for r in self.runs_of(variant)],
+                            int(self.noise["abs_bytes"]), float(self.noise["rel"]))
+
+    def diagnoses(self, variant: str = "stock") -> list[Diagnosis]:
+        by_budget = {r.budget: r for r in self.runs_of(variant)}
+        worst = worst_per_budget(self.flags(variant))
+        return [diagnose(variant, f, by_budget[f.low], by_budget[f.high]) for f in worst]
+
+    def random_recompute(self, variant: str = "stock") -> list[tuple[float, int]]:
+        """Budgets whose plans make the backward redraw random ops, with the count."""
+        out = []
+        for r in self.runs_of(variant):
+            f = r.facts
+            if f is not None and f.recomputed_random:
+                out.append((r.budget, len(f.recomputed_random)))
+        return out
+
+    def never_compiled(self) -> bool:
+        done = [r for r in self.runs if r.ok]
+        return bool(done) and not any((r.measured or {}).get("compiled") for r in done)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["analysis"] = {
+            v: {
+                "flags": [asdict(f) | {"excess": f.excess} for f in self.flags(v)],
+                "diagnoses": [asdict(x) for x in self.diagnoses(v)],
+                "random_recompute": [{"budget": b, "random_ops": n} for b, n in self.random_recompute(v)],
+            }
+            for v in self.variants
+        }
+        return d
+
+    def save(self, directory: Path) -> Path:
+        path = directory / "sweep.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.replace(path)
+        return path
+
+
+def load_sweep(path: str | Path) -> Sweep:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "sweep.json"
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise MemprofError(f"{p} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise MemprofError(f"{p} is not a sweep.json ({exc})") from None
+    if not isinstance(d, dict) or int(d.get("format", 0)) > FORMAT:
+        raise MemprofError(f"{p}: unknown sweep format (this memprof reads format {FORMAT})")
+    noise = dict(d.get("noise", {})) or {"abs_bytes": ABS_TOL, "rel": REL_TOL}
+    return Sweep(command=list(d["command"]), budgets=[float(b) for b in d["budgets"]], variants=list(d["variants"]),
+                 runs=[Run(**r) for r in d["runs"]], noise=noise, notes=list(d.get("notes", [])))
+
+
+def _mb(n: float | None) -> str:
+    return "n/a" if n is None else f"{n / MB:.1f}"
+
+
+def _classes(d: dict[str, int], top: int = 4) -> str:
+    items = sorted(((c, b) for c, b in d.items() if b), key=lambda kv: -kv[1])[:top]
+    return ", ".join(f"{c} {b / MB:.1f}" for c, b in items) or "nothing"
+
+
+def diagnose(variant: str, flag: Flag, low: Run, high: Run) -> Diagnosis:
+    """Selection (what each plan saved and recomputed, by op class) and lifetime (recomputed bytes
+    live at the peak, how long recomputed values are held), for one non-monotone pair."""
+    lines = [f"budget {flag.low:g} peaks at {_mb(flag.low_peak)} MB, {_mb(flag.excess)} MB "
+             f"({flag.ratio:.2f}x) above budget {flag.high:g} ({_mb(flag.high_peak)} MB)"]
+    fl, fh = low.facts, high.facts
+    if fl is not None and fh is not None:
+        lines.append(f"selection: {flag.low:g} saves {_mb(fl.saved_bytes)} MB ({_classes(fl.saved)}) and recomputes "
+                     f"{_mb(fl.recomputed_bytes)} MB ({_classes(fl.recomputed)}); {flag.high:g} saves "
+                     f"{_mb(fh.saved_bytes)} MB ({_classes(fh.saved)}) and recomputes {_mb(fh.recomputed_bytes)} MB")
+        moved = {c: fh.saved.get(c, 0) - fl.saved.get(c, 0) for c in OP_CLASSES}
+        more = {c: b for c, b in moved.items() if b > 0}
+        fewer = {c: -b for c, b in moved.items() if b < 0}
+        if more or fewer:
+            lines.append(f"  the larger budget saves more {_classes(more)} MB"
+                         + (f" and less {_classes(fewer)} MB" if fewer else ""))
+    ml, mh = low.measured or {}, high.measured or {}
+    rl, rh = ml.get("at_peak", {}), mh.get("at_peak", {})
+    if rl or rh:
+        rec_l, rec_h = rl.get("recomputed", 0), rh.get("recomputed", 0)
+        sav_l, sav_h = rl.get("saved_activation", 0), rh.get("saved_activation", 0)
+        mask_l, mask_h = rl.get("rng_mask", 0), rh.get("rng_mask", 0)
+        phase = ml.get("peak_phase") or "?"
+        text = (f"lifetime: at {flag.low:g}'s peak ({phase}) {_mb(rec_l)} MB are recomputed values and "
+                f"{_mb(sav_l)} MB saved activations (at {flag.high:g}: {_mb(rec_h)} and {_mb(sav_h)} MB)")
+        if mask_l or mask_h:
+            text += f"; dropout masks {_mb(mask_l)} MB (at {flag.high:g}: {_mb(mask_h)} MB)"
+        if not ml.get("buffer_level"):
+            text += " (no Inductor wrapper code: recomputed values count as temporaries)"
+        lines.append(text)
+    if fl is not None and fl.hold is not None:
+        hold_h = f"{fh.hold:.0%}" if fh is not None and fh.hold is not None else "n/a"
+        lines.append(f"  recomputed values are held {fl.hold:.0%} of the backward on average, bytes-weighted "
+                     f"({_mb(fl.held_long_bytes)} MB for more than half of it); at {flag.high:g}: {hold_h}")
+    if fl is not None and fl.recomputed_random:
+        lines.append(f"random: {flag.low:g}'s backward redraws {len(fl.recomputed_random)} random ops (dropout masks "
+                     f"differ from the forward's: wrong gradients, pytorch#190758)")
+    return Diagnosis(variant, flag.low, flag.high, flag.low_peak, flag.high_peak, lines)
+
+
+def median_or_none(values: list[float]) -> float | None:
+    vals = [v for v in values if v is not None and not math.isnan(v)]
+    return statistics.median(vals) if vals else None

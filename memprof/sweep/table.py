@@ -1,0 +1,82 @@
+"""The sweep's terminal table and findings as text (pure: returns strings)."""
+
+from __future__ import annotations
+
+from memprof.sweep.detect import worst_per_budget
+from memprof.sweep.result import MB, Run, Sweep
+
+
+def _cell_peak(r: Run | None) -> str:
+    if r is None:
+        return "-"
+    if not r.ok:
+        return r.status.upper() if r.status != "exit" else f"EXIT {r.exit_code}"
+    return f"{r.step_peak / MB:.1f}" if r.step_peak is not None else "n/a"
+
+
+def _cell_ms(r: Run | None) -> str:
+    ms = None if r is None or not r.ok or r.measured is None else r.measured.get("step_ms")
+    return "-" if ms is None else f"{ms:.1f}"
+
+
+def render_table(sweep: Sweep) -> str:
+    """A markdown table: per budget, each variant's step peak (MB) and step time (ms), and flags."""
+    runs = {(r.variant, r.budget): r for r in sweep.runs}
+    flagged = {v: {f.low: f for f in worst_per_budget(sweep.flags(v))} for v in sweep.variants}
+    random = {v: dict(sweep.random_recompute(v)) for v in sweep.variants}
+    head = ["budget"]
+    for v in sweep.variants:
+        head += [f"{v} peak MB", f"{v} step ms", f"{v} saved MB", f"{v} recomputed MB"]
+    head += ["flags"]
+    rows = [head, ["---"] * len(head)]
+    for b in sweep.budgets:
+        row = [f"{b:g}"]
+        notes: list[str] = []
+        for v in sweep.variants:
+            r = runs.get((v, b))
+            f = r.facts if r is not None and r.ok else None
+            row += [_cell_peak(r), _cell_ms(r), "-" if f is None else f"{f.saved_bytes / MB:.1f}",
+                    "-" if f is None else f"{f.recomputed_bytes / MB:.1f}"]
+            tag = "" if len(sweep.variants) == 1 else f"{v}: "
+            if b in flagged[v]:
+                fl = flagged[v][b]
+                notes.append(f"{tag}more than {fl.high:g} (+{fl.excess / MB:.1f} MB)")
+            if b in random[v]:
+                notes.append(f"{tag}redraws {random[v][b]} random ops")
+            if r is not None and not r.ok and r.error:
+                notes.append(f"{tag}{r.error[:80]}")
+        row.append("; ".join(notes))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    out = []
+    for k, cells in enumerate(rows):
+        if k == 1:
+            out.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
+        else:
+            out.append("| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |")
+    return "\n".join(out)
+
+
+def render_findings(sweep: Sweep) -> str:
+    """Flags with their diagnoses, random-op warnings and notes."""
+    out: list[str] = []
+    for v in sweep.variants:
+        flags = sweep.flags(v)
+        name = "stock" if v == "stock" else f"--remat {v}"
+        noise = f"noise: max({sweep.noise['abs_bytes'] / MB:g} MB, {sweep.noise['rel']:.1%})"
+        if not flags:
+            ok = [r for r in sweep.runs_of(v) if r.step_peak is not None]
+            if len(ok) >= 2:
+                out.append(f"{name}: less budget never gives more memory here ({len(ok)} budgets; {noise})")
+        else:
+            out.append(f"{name}: less budget, more memory at {len(flags)} pair(s) of budgets ({noise}):")
+            for d in sweep.diagnoses(v):
+                out.append(f"  - {d.lines[0]}")
+                out.extend(f"      {ln}" for ln in d.lines[1:])
+        rnd = sweep.random_recompute(v)
+        if rnd:
+            out.append(f"{name}: the backward redraws random ops at budget(s) "
+                       f"{', '.join(f'{b:g} ({n})' for b, n in rnd)}: fresh dropout masks, wrong gradients "
+                       f"(pytorch#190758; `--remat light` saves the masks instead)")
+    out.extend(f"note: {n}" for n in sweep.notes)
+    return "\n".join(out)
