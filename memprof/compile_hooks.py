@@ -17,6 +17,7 @@ While a capture runs, `PlanRecorder`:
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import os
@@ -244,18 +245,37 @@ class PlanRecorder:
 
         self._patch(GraphLowering, "codegen", codegen)
 
+        import torch._inductor.memory as inductor_memory
+
+        original_estimate = inductor_memory.estimate_peak_memory
+
+        def estimate_peak_memory(*args: Any, **kwargs: Any) -> Any:
+            # Inductor's own estimate of the graph being scheduled (reorder_for_peak_memory calls it
+            # for each order it tries); recorded as it is, 2.11's output-dropping bug included
+            result = original_estimate(*args, **kwargs)
+            stack = getattr(recorder._local, "estimates", None)
+            if stack:
+                with contextlib.suppress(Exception):
+                    stack[-1].append(int(result[0]))
+            return result
+
+        self._patch(inductor_memory, "estimate_peak_memory", estimate_peak_memory)
+
         original_inner = compile_fx._compile_fx_inner
 
         def compile_inner(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
             stack = recorder._local.__dict__.setdefault("codegens", [])
+            estimates = recorder._local.__dict__.setdefault("estimates", [])
             stack.append([])
+            estimates.append([])
             try:
                 result = original_inner(gm, example_inputs, *args, **kwargs)
             finally:
                 codegens = stack.pop()
+                found = estimates.pop()
             if recorder.active:
                 try:
-                    recorder.add_graph(result, kwargs, codegens)
+                    recorder.add_graph(result, kwargs, codegens, min(found) if found else None)
                 except Exception as exc:
                     recorder._error(f"compiled graph not recorded ({type(exc).__name__}: {exc})")
             return result
@@ -334,7 +354,8 @@ class PlanRecorder:
                     out[buf.get_name()] = names
         return out
 
-    def add_graph(self, result: Any, kwargs: dict[str, Any], codegens: list[dict[str, list[str]]]) -> None:
+    def add_graph(self, result: Any, kwargs: dict[str, Any], codegens: list[dict[str, list[str]]],
+                  inductor_estimate: int | None = None) -> None:
         import torch._inductor.config as inductor_config
 
         source = getattr(result, "source_code", None)
@@ -368,7 +389,8 @@ class PlanRecorder:
         origins = codegens[-1] if codegens else {}
         self.graphs.append(CompiledGraph(key=str(key), role=role, plan=plan,
                                          graph_id=None if graph_id is None else int(graph_id),
-                                         origins=origins, source=source, notes=notes))
+                                         origins=origins, source=source, notes=notes,
+                                         inductor_estimate=inductor_estimate))
 
     def _add_tensor(self, t_ns: int, tensor: Any, category: str, name: str) -> None:
         try:

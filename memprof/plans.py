@@ -107,6 +107,7 @@ class CompiledGraph:
     origins: dict[str, list[str]]  # buffer -> FX nodes it computes (post-grad graph order)
     source: str  # the wrapper module's Python source
     notes: list[str] = field(default_factory=list)
+    inductor_estimate: int | None = None  # Inductor's estimate_peak_memory for this graph (lowest of its calls)
 
     @cached_property
     def wrapper(self) -> WrapperCode:
@@ -127,6 +128,7 @@ class CompiledGraph:
             graph_id=None if d.get("graph_id") is None else int(d["graph_id"]),
             origins={str(k): list(v) for k, v in d.get("origins", {}).items()}, source=source,
             notes=list(d.get("notes", [])),
+            inductor_estimate=None if d.get("inductor_estimate") is None else int(d["inductor_estimate"]),
         )
 
 

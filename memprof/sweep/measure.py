@@ -130,6 +130,7 @@ class Measured:
     at_peak: dict[str, int] = field(default_factory=dict)  # category -> bytes live at the measured step's peak
     peak_phase: str = ""  # "forward", "backward", or "" (outside compiled graphs / unknown)
     buffer_level: bool = False  # Inductor wrapper code joined allocations to FX nodes (recomputed values told apart)
+    estimates: dict[str, int | None] = field(default_factory=dict)  # estimator -> predicted step peak (bytes)
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -220,5 +221,27 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
-        buffer_level=bool(cap.graphs), notes=notes,
+        buffer_level=bool(cap.graphs), estimates=estimates(cap, device), notes=notes,
     )
+
+
+def estimates(cap: Capture, device: str) -> dict[str, int | None]:
+    """Compile-time predictions of the step peak, from what the capture recorded while compiling:
+    memprof's walk of the wrapper code (`memprof.sweep.estimate`) and Inductor's own
+    `estimate_peak_memory` (the larger of a pair's forward and backward)."""
+    from memprof.sweep.estimate import estimate_capture_plans
+
+    out: dict[str, int | None] = {"memprof": None, "inductor": None}
+    if not cap.plans:
+        return out
+    try:
+        out["memprof"] = estimate_capture_plans(cap.plans, cap.graphs, device)
+    except Exception:  # a wrapper this walk does not understand: no estimate, never a failed sweep
+        out["memprof"] = None
+    per_plan: dict[int, list[int]] = {}
+    for g in cap.graphs:
+        if g.plan is not None and g.inductor_estimate is not None and g.role in ("forward", "backward"):
+            per_plan.setdefault(g.plan, []).append(g.inductor_estimate)
+    if per_plan and len(per_plan) == len(cap.plans):
+        out["inductor"] = max(max(v) for v in per_plan.values())
+    return out

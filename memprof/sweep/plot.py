@@ -20,6 +20,10 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
         label = "stock" if v == "stock" else f"remat {v}"
         xs = [r.budget for r in runs]
         line = ax_mem.plot(xs, [r.step_peak / MB for r in runs if r.step_peak is not None], marker="o", label=label)[0]
+        est = [(r.budget, ((r.measured or {}).get("estimates") or {}).get("memprof")) for r in runs]
+        if any(e is not None for _b, e in est):
+            ax_mem.plot([b for b, e in est if e is not None], [e / MB for _b, e in est if e is not None],
+                        linestyle="--", color=line.get_color(), alpha=0.7, label=f"{label}: memprof estimate")
         times = [(r.budget, (r.measured or {}).get("step_ms")) for r in runs]
         ax_time.plot([b for b, t in times if t is not None], [t for _b, t in times if t is not None], marker="o",
                      color=line.get_color(), label=label)

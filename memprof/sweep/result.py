@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from memprof.errors import MemprofError
-from memprof.sweep.detect import ABS_TOL, REL_TOL, Flag, non_monotone, worst_per_budget
+from memprof.sweep.detect import ABS_TOL, REL_TOL, Flag, non_monotone, spearman, worst_per_budget
 from memprof.sweep.measure import OP_CLASSES, PlanFacts
 
 FORMAT = 1
@@ -88,6 +88,21 @@ class Sweep:
                 out.append((r.budget, len(f.recomputed_random)))
         return out
 
+    def estimator_scores(self, variant: str = "stock") -> dict[str, dict[str, float | int | None]]:
+        """Each compile-time estimator against the measured step peaks: Spearman's rank correlation,
+        median and largest relative error, over the budgets where both exist."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        runs = [r for r in self.runs_of(variant) if r.step_peak]
+        names = sorted({k for r in runs for k in ((r.measured or {}).get("estimates") or {})})
+        for name in names:
+            pairs = [(float(e), float(r.step_peak)) for r in runs
+                     if r.step_peak and (e := ((r.measured or {}).get("estimates") or {}).get(name)) is not None]
+            errs = [abs(e - m) / m for e, m in pairs]
+            out[name] = {"budgets": len(pairs), "spearman": spearman([e for e, _ in pairs], [m for _, m in pairs]),
+                         "median_error": statistics.median(errs) if errs else None,
+                         "max_error": max(errs) if errs else None}
+        return out
+
     def never_compiled(self) -> bool:
         done = [r for r in self.runs if r.ok]
         return bool(done) and not any((r.measured or {}).get("compiled") for r in done)
@@ -99,6 +114,7 @@ class Sweep:
                 "flags": [asdict(f) | {"excess": f.excess} for f in self.flags(v)],
                 "diagnoses": [asdict(x) for x in self.diagnoses(v)],
                 "random_recompute": [{"budget": b, "random_ops": n} for b, n in self.random_recompute(v)],
+                "estimators": self.estimator_scores(v),
             }
             for v in self.variants
         }

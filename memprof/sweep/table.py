@@ -26,7 +26,7 @@ def render_table(sweep: Sweep) -> str:
     random = {v: dict(sweep.random_recompute(v)) for v in sweep.variants}
     head = ["budget"]
     for v in sweep.variants:
-        head += [f"{v} peak MB", f"{v} step ms", f"{v} saved MB", f"{v} recomputed MB"]
+        head += [f"{v} peak MB", f"{v} est MB", f"{v} step ms", f"{v} saved MB", f"{v} recomputed MB"]
     head += ["flags"]
     rows = [head, ["---"] * len(head)]
     for b in sweep.budgets:
@@ -35,7 +35,9 @@ def render_table(sweep: Sweep) -> str:
         for v in sweep.variants:
             r = runs.get((v, b))
             f = r.facts if r is not None and r.ok else None
-            row += [_cell_peak(r), _cell_ms(r), "-" if f is None else f"{f.saved_bytes / MB:.1f}",
+            est = None if r is None or r.measured is None else (r.measured.get("estimates") or {}).get("memprof")
+            row += [_cell_peak(r), "-" if est is None else f"{est / MB:.1f}", _cell_ms(r),
+                    "-" if f is None else f"{f.saved_bytes / MB:.1f}",
                     "-" if f is None else f"{f.recomputed_bytes / MB:.1f}"]
             tag = "" if len(sweep.variants) == 1 else f"{v}: "
             if b in flagged[v]:
@@ -78,5 +80,13 @@ def render_findings(sweep: Sweep) -> str:
             out.append(f"{name}: the backward redraws random ops at budget(s) "
                        f"{', '.join(f'{b:g} ({n})' for b, n in rnd)}: fresh dropout masks, wrong gradients "
                        f"(pytorch#190758; `--remat light` saves the masks instead)")
+        for est, sc in sweep.estimator_scores(v).items():
+            if not sc["budgets"]:
+                continue
+            rho = "n/a" if sc["spearman"] is None else f"{sc['spearman']:.3f}"
+            med = "n/a" if sc["median_error"] is None else f"{sc['median_error']:.1%}"
+            top = "n/a" if sc["max_error"] is None else f"{sc['max_error']:.1%}"
+            out.append(f"{name}: {est} estimate vs measured over {sc['budgets']} budgets: Spearman {rho}, "
+                       f"median error {med}, max {top}")
     out.extend(f"note: {n}" for n in sweep.notes)
     return "\n".join(out)

@@ -1,0 +1,204 @@
+"""memprof's compile-time peak estimate: buffer lifetimes walked through Inductor's wrapper code.
+
+Inductor's wrapper is the scheduled program: every buffer it allocates (`empty_strided_*`), every
+extern call that returns a fresh tensor, every alias, reuse and `del`, in run order. This walks
+the forward's and the backward's wrappers of one compiled pair the way they run in a training
+step, with nothing measured:
+- the forward starts from the step's resident memory (parameters, inputs: not counted) and ends
+  holding its outputs; the user's outputs are dropped once the loss is computed, the saved
+  activations stay;
+- the backward starts holding the saved activations (shared storages counted once) and its
+  tangents (AOTAutograd makes them contiguous: allocated), frees each input at its `del`
+  (AOTAutograd steals the arguments), and ends holding the gradients it returns;
+- sizes: allocations from their shape, stride and dtype; an extern op's fresh output from the FX
+  node that Inductor names in the "Topologically Sorted Source Nodes" comment before it (a
+  tuple's bytes summed); on CUDA each storage is rounded up to the caching allocator's 512-byte
+  blocks.
+The estimate is the step's peak above the memory allocated when the step began (the sweep's
+`step_peak`). torch 2.11's own `estimate_peak_memory` cancels graph outputs, i.e. every saved
+activation of a forward (shared/notes/torch-internals.md §4); this walk keeps them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from memprof.plans import FxGraph, FxNode, Plan
+from memprof.wrapper_code import _call_body, _nbytes, _split_top
+
+_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
+_ALLOC = re.compile(rf"^({_NAME}) = empty_strided_\w+\(\((.*?)\), \((.*?)\), torch\.(\w+)")
+_TORCH_EMPTY = re.compile(rf"^({_NAME}) = (?:torch\.)?empty_strided\(\((.*?)\), \((.*?)\).*dtype=torch\.(\w+)")
+_ALIAS = re.compile(rf"^({_NAME}) = reinterpret_tensor\(({_NAME}),")
+_COPY = re.compile(rf"^({_NAME}) = ({_NAME})(?:\[\d+\])?\s*(?:;|$)")
+_FRESH = re.compile(rf"^({_NAME}) = (?:torch\.ops\.aten|aten|extern_kernels|torch\.ops\.\w+)\.(\w+)(?:\.(\w+))?\(")
+_DEL = re.compile(rf"\bdel ({_NAME}(?:\s*,\s*{_NAME})*)")
+_RETURN = re.compile(r"^return \((.*)\)\s*$")
+_ARGS = re.compile(rf"^((?:{_NAME}, )*{_NAME}),? = args$")
+_SOURCE = re.compile(r"^# Topologically Sorted Source Nodes: \[(.*?)\]")
+_REF = re.compile(rf"({_NAME})")
+_BLOCK = 512
+
+
+@dataclass(frozen=True)
+class GraphWalk:
+    peak: int  # most bytes live (owned storages), the start included
+    end: int  # bytes live after the return
+    outputs: tuple[int | None, ...]  # storage id per returned value (None: not a tensor the graph owns)
+    sizes: Mapping[int, int]  # storage id -> bytes
+    unknown: tuple[str, ...]  # fresh outputs whose size had to be guessed
+
+
+def _round(n: int, block: int) -> int:
+    return ((n + block - 1) // block) * block if block > 1 and n > 0 else n
+
+
+def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[int, int]] | None = None,
+                 block: int = 1) -> GraphWalk:
+    """Walk one wrapper's `call`. `inputs`: for inputs the graph owns (freed at their `del`), name ->
+    (storage id, bytes); others are resident and cost nothing. Storage ids of inputs must be < 0."""
+    by_name = graph.by_name if graph is not None else {}
+    by_source: dict[str, list[FxNode]] = {}  # the comment names Dynamo's nodes; FX nodes keep them as `source`
+    for node in graph.nodes if graph is not None else ():
+        if node.source:
+            by_source.setdefault(node.source, []).append(node)
+    names: dict[str, int] = {}  # live name -> storage id
+    refs: dict[int, int] = {}  # storage id -> names referring to it
+    sizes: dict[int, int] = {}
+    owned: set[int] = set()
+    live = 0
+    peak = 0
+    next_id = 1
+    unknown: list[str] = []
+    outputs: tuple[int | None, ...] = ()
+    pending: list[str] = []
+    inputs = inputs or {}
+    for sid, nbytes in {v[0]: v[1] for v in inputs.values()}.items():
+        sizes[sid] = nbytes
+        owned.add(sid)
+        refs[sid] = 0
+        live += nbytes
+    peak = live
+
+    def bind(name: str, sid: int) -> None:
+        if name in names:
+            unbind(name)
+        names[name] = sid
+        refs[sid] = refs.get(sid, 0) + 1
+
+    def unbind(name: str) -> None:
+        nonlocal live
+        sid = names.pop(name, None)
+        if sid is None:
+            return
+        refs[sid] -= 1
+        if refs[sid] == 0 and sid in owned:
+            live -= sizes.get(sid, 0)
+            owned.discard(sid)
+
+    def new(name: str, nbytes: int) -> None:
+        nonlocal live, peak, next_id
+        sid = next_id
+        next_id += 1
+        sizes[sid] = _round(nbytes, block)
+        owned.add(sid)
+        live += sizes[sid]
+        peak = max(peak, live)
+        bind(name, sid)
+
+    for _line, text in _call_body(source):
+        if text.startswith("#"):
+            m = _SOURCE.match(text)
+            if m:
+                pending = [s.strip() for s in m.group(1).split(",") if s.strip()]
+            continue
+        m = _ARGS.match(text)
+        if m:
+            for name in (s.strip() for s in m.group(1).split(",")):
+                if name in inputs:
+                    bind(name, inputs[name][0])
+            continue
+        stmt = text.split(";")[0].strip()
+        m = _ALLOC.match(stmt) or _TORCH_EMPTY.match(stmt)
+        if m:
+            new(m.group(1), _nbytes(m.group(2), m.group(3), m.group(4)) or 0)
+        elif (m := _ALIAS.match(stmt)) or (m := _COPY.match(stmt)):
+            if m.group(2) in names:
+                bind(m.group(1), names[m.group(2)])
+        elif m := _FRESH.match(stmt):
+            op = m.group(2)
+            size = None
+            for src in reversed(pending):
+                candidates = [by_name[src]] if src in by_name else []
+                candidates += by_source.get(src, [])
+                match = [n for n in candidates if op in n.target and n.bytes is not None]
+                if match:
+                    size = int(match[-1].bytes or 0)
+                    break
+            if size is None:
+                size = 0
+                unknown.append(f"{m.group(1)} = {op}")
+            new(m.group(1), size)
+        else:
+            m = _RETURN.match(stmt)
+            if m:
+                outs: list[int | None] = []
+                for item in _split_top(m.group(1)):
+                    ref = _REF.match(item.replace("reinterpret_tensor(", "").strip())
+                    outs.append(names.get(ref.group(1)) if ref and item != "None" else None)
+                outputs = tuple(outs)
+        for dm in _DEL.finditer(text):
+            for name in dm.group(1).split(","):
+                unbind(name.strip())
+    return GraphWalk(peak, live, outputs, sizes, tuple(unknown))
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    peak: int  # the step's peak above its start
+    fw_peak: int
+    bw_peak: int
+    saved: int  # bytes of saved activations held between forward and backward
+    unknown: tuple[str, ...]
+
+
+def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1) -> StepEstimate:
+    """The step peak of one forward/backward pair from its wrapper code and plan."""
+    fw = walk_wrapper(fw_source, plan.forward, None, block)
+    user = fw.outputs[: plan.num_fwd_outputs]
+    saved_ids = fw.outputs[plan.num_fwd_outputs:]
+    kept = {s for s in saved_ids if s is not None}
+    held = sum(fw.sizes[s] for s in kept)
+    if bw_source is None:
+        return StepEstimate(fw.peak, fw.peak, 0, held, fw.unknown)
+    inputs: dict[str, tuple[int, int]] = {}
+    for name, sid in zip(plan.saved, saved_ids, strict=False):
+        if sid is not None:
+            inputs[name] = (-sid, fw.sizes[sid])
+    tangent_id = -(10 ** 9)
+    for node in plan.backward.nodes:
+        if node.op == "placeholder" and node.name.startswith("tangents") and node.bytes:
+            inputs[node.name] = (tangent_id, _round(int(node.bytes), block))
+            tangent_id -= 1
+    bw = walk_wrapper(bw_source, plan.backward, inputs, block)
+    dropped = {s for s in user if s is not None} - kept
+    del dropped  # the user's outputs are gone before the backward starts (the loss consumed them)
+    return StepEstimate(max(fw.peak, bw.peak), fw.peak, bw.peak, held, fw.unknown + bw.unknown)
+
+
+def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str) -> int | None:
+    """memprof's estimate for a capture's compiled pairs (the largest step estimate), or None when a
+    pair has no Inductor wrapper code."""
+    block = _BLOCK if device.startswith("cuda") else 1
+    best: int | None = None
+    for i, plan in enumerate(plans):
+        fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
+        bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
+        if not fw:
+            return None
+        est = estimate_step(plan, str(getattr(fw[0], "source", "")), str(getattr(bw[0], "source", "")) if bw else None,
+                            block)
+        best = est.peak if best is None else max(best, est.peak)
+    return best
