@@ -61,8 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-compile", action="store_true", help="run eagerly")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--no-optimizer", action="store_true",
-                        help="forward+backward only, gradients kept allocated between steps (zero_grad(set_to_none=False)): "
-                        "the measurement of shared/reference")
+                        help="forward+backward only, gradients kept allocated between steps "
+                        "(zero_grad(set_to_none=False)): the measurement of shared/reference")
     args = parser.parse_args(argv)
 
     size = PAPER if args.paper else SMALL

@@ -124,6 +124,23 @@ def fx_graph(gm: Any) -> FxGraph:
     return FxGraph(nodes)
 
 
+def _peak_outputs_kept(memory: Any, nodes: Any, name_to_freeable_input_buf: Any, graph_outputs: Any,
+                      *args: Any, **kwargs: Any) -> int:
+    """Inductor's buffer timeline for a scheduled graph, peaked with graph outputs live to the end
+    (torch 2.11's `estimate_peak_memory` frees them at step 0; 2.13 keeps them)."""
+    infos, _steps, _last = memory.compute_memory_timeline(nodes, name_to_freeable_input_buf, graph_outputs)
+    delta = [0] * (len(nodes) + 2)
+    for b in infos:
+        delta[b.start_step] += b.size_alloc
+        if b.end_step != -1:
+            delta[b.end_step + 1] -= b.size_free
+    live = peak = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return peak
+
+
 def build_plan(index: int, backend: str, partitioner: str, budget: float, num_fwd_outputs: int,
                fw: Any, bw: Any, remat: dict[str, Any] | None = None) -> Plan:
     """Describe a partition: saved values, recomputed nodes and where the backward uses them."""
@@ -251,12 +268,17 @@ class PlanRecorder:
 
         def estimate_peak_memory(*args: Any, **kwargs: Any) -> Any:
             # Inductor's own estimate of the graph being scheduled (reorder_for_peak_memory calls it
-            # for each order it tries); recorded as it is, 2.11's output-dropping bug included
+            # for each order it tries), recorded as torch computes it (2.11 cancels graph outputs,
+            # shared/notes/torch-internals.md §4) and recomputed from the same buffer timeline with
+            # outputs live to the end
             result = original_estimate(*args, **kwargs)
             stack = getattr(recorder._local, "estimates", None)
             if stack:
+                kept: int | None = None
                 with contextlib.suppress(Exception):
-                    stack[-1].append(int(result[0]))
+                    kept = _peak_outputs_kept(inductor_memory, *args, **kwargs)
+                with contextlib.suppress(Exception):
+                    stack[-1].append((int(result[0]), kept))
             return result
 
         self._patch(inductor_memory, "estimate_peak_memory", estimate_peak_memory)
@@ -275,7 +297,10 @@ class PlanRecorder:
                 found = estimates.pop()
             if recorder.active:
                 try:
-                    recorder.add_graph(result, kwargs, codegens, min(found) if found else None)
+                    as_is = [a for a, _k in found]
+                    kept = [k for _a, k in found if k is not None]
+                    recorder.add_graph(result, kwargs, codegens, min(as_is) if as_is else None,
+                                       min(kept) if kept else None)
                 except Exception as exc:
                     recorder._error(f"compiled graph not recorded ({type(exc).__name__}: {exc})")
             return result
@@ -355,7 +380,7 @@ class PlanRecorder:
         return out
 
     def add_graph(self, result: Any, kwargs: dict[str, Any], codegens: list[dict[str, list[str]]],
-                  inductor_estimate: int | None = None) -> None:
+                  inductor_estimate: int | None = None, inductor_estimate_kept: int | None = None) -> None:
         import torch._inductor.config as inductor_config
 
         source = getattr(result, "source_code", None)
@@ -390,7 +415,8 @@ class PlanRecorder:
         self.graphs.append(CompiledGraph(key=str(key), role=role, plan=plan,
                                          graph_id=None if graph_id is None else int(graph_id),
                                          origins=origins, source=source, notes=notes,
-                                         inductor_estimate=inductor_estimate))
+                                         inductor_estimate=inductor_estimate,
+                                         inductor_estimate_kept=inductor_estimate_kept))
 
     def _add_tensor(self, t_ns: int, tensor: Any, category: str, name: str) -> None:
         try:

@@ -108,6 +108,7 @@ class CompiledGraph:
     source: str  # the wrapper module's Python source
     notes: list[str] = field(default_factory=list)
     inductor_estimate: int | None = None  # Inductor's estimate_peak_memory for this graph (lowest of its calls)
+    inductor_estimate_kept: int | None = None  # the same buffer timeline with graph outputs live to the end
 
     @cached_property
     def wrapper(self) -> WrapperCode:
@@ -123,12 +124,15 @@ class CompiledGraph:
 
     @staticmethod
     def from_json(d: dict[str, Any], source: str) -> CompiledGraph:
+        def opt_int(key: str) -> int | None:
+            return None if d.get(key) is None else int(d[key])
+
         return CompiledGraph(
             key=str(d["key"]), role=str(d["role"]), plan=None if d.get("plan") is None else int(d["plan"]),
             graph_id=None if d.get("graph_id") is None else int(d["graph_id"]),
             origins={str(k): list(v) for k, v in d.get("origins", {}).items()}, source=source,
             notes=list(d.get("notes", [])),
-            inductor_estimate=None if d.get("inductor_estimate") is None else int(d["inductor_estimate"]),
+            inductor_estimate=opt_int("inductor_estimate"), inductor_estimate_kept=opt_int("inductor_estimate_kept"),
         )
 
 

@@ -55,8 +55,10 @@ def _script_traceback(exc: BaseException, path: Path) -> TracebackType | None:
     return tb or exc.__traceback__
 
 
-def run_script(path: Path, args: list[str]) -> ScriptResult:
-    """Execute `path` as __main__ with sys.argv = [path, *args]; never raises for script errors."""
+def run_script(path: Path, args: list[str], stop: type[BaseException] | None = None) -> ScriptResult:
+    """Execute `path` as __main__ with sys.argv = [path, *args]; never raises for script errors.
+
+    `stop`: an exception type a hook raises to end the script early on purpose (status "stopped")."""
     source = path.read_bytes()
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     saved_main = sys.modules.get("__main__")
@@ -87,6 +89,8 @@ def run_script(path: Path, args: list[str]) -> ScriptResult:
         print("memprof: terminated (SIGTERM); the capture is saved", file=sys.stderr)
         return ScriptResult(143, "interrupted", "SIGTERM")
     except BaseException as exc:  # the script's own error: print it as Python would
+        if stop is not None and isinstance(exc, stop):
+            return ScriptResult(0, "stopped")
         traceback.print_exception(type(exc), exc, _script_traceback(exc, path), file=sys.stderr)
         status = "oom" if _is_oom(exc) else "exception"
         line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__

@@ -29,9 +29,12 @@ import click
 @click.option("--noise-rel", type=click.FloatRange(min=0), default=0.005, show_default=True,
               help="... or up to this fraction of the larger budget's peak, whichever is more.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG/SVG plot.")
+@click.option("--predict", is_flag=True,
+              help="No training step: compile each budget (forward and backward) and draw the curve from "
+                   "memprof's compile-time estimate (Inductor's beside it); the script stops at its first backward.")
 def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str, ...], jobs: int,
           output: str | None, force: bool, timeout: float | None, noise_mb: float, noise_rel: float,
-          no_plot: bool) -> int:
+          no_plot: bool, predict: bool) -> int:
     """Run SCRIPT once per budget (like `memprof trace SCRIPT --budget B`), then tabulate and plot
     the step peaks, flag every pair where less budget gives more memory, and explain each flag
     (what the partitioner saved and recomputed, by op class; what was live at the peak).
@@ -53,31 +56,35 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     prepare_dir(out, force)
     variants = ["stock", *dict.fromkeys(remat)]
     total = len(budgets) * len(variants)
-    click.echo(f"memprof: sweeping {len(budgets)} budgets x {len(variants)} variant(s) of {path} "
+    what = "predicting" if predict else "sweeping"
+    click.echo(f"memprof: {what} {len(budgets)} budgets x {len(variants)} variant(s) of {path} "
                f"({jobs} at a time) into {out}/", err=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
         task = bar.add_task("budgets", total=total)
 
         def done(run: Run) -> None:
-            peak = f"{run.step_peak / MB:.1f} MB" if run.step_peak is not None else run.status
+            value = run.step_peak
+            if predict and run.ok and run.measured is not None:
+                value = (run.measured.get("estimates") or {}).get("memprof")
+            peak = f"{value / MB:.1f} MB" if value is not None else run.status
             bar.console.print(f"  {run.variant} {run.budget:g}: {peak} ({run.wall_s:.0f} s)")
             bar.advance(task)
 
         result = run_sweep(str(path), list(script_args), budgets, variants, out, jobs=jobs, timeout=timeout,
-                           progress=done)
+                           progress=done, predict=predict)
     result.noise = {"abs_bytes": noise_mb * MB, "rel": noise_rel}
     result.save(out)
     click.echo(render_table(result))
     findings = render_findings(result)
     if findings:
         click.echo(findings)
-    if not no_plot and any(r.step_peak is not None for r in result.runs):
+    if not no_plot and any(result.value(r) is not None for r in result.runs):
         from memprof.sweep.plot import plot
 
         paths = plot(result, out)
         click.echo(f"memprof: plot {paths[0]} and {paths[1]}", err=True)
-    click.echo(f"memprof: results in {out / 'sweep.json'}, captures in {out}/", err=True)
+    click.echo(f"memprof: results in {out / 'sweep.json'}" + ("" if predict else f", captures in {out}/"), err=True)
     failed = [r for r in result.runs if not r.ok]
     if failed and len(failed) == len(result.runs):
         return 1

@@ -19,7 +19,7 @@ import numpy as np
 
 from memprof._events import Kind
 from memprof.capture import Capture
-from memprof.plans import FxNode, Plan
+from memprof.plans import CompiledGraph, FxNode, Plan
 
 # op classes the diagnosis sums bytes by, in display order
 OP_CLASSES = ("attention", "attention proj", "mlp", "norm", "mask", "random", "embedding", "residual/other")
@@ -221,27 +221,30 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
-        buffer_level=bool(cap.graphs), estimates=estimates(cap, device), notes=notes,
+        buffer_level=bool(cap.graphs), estimates=estimates(cap.plans, cap.graphs, device), notes=notes,
     )
 
 
-def estimates(cap: Capture, device: str) -> dict[str, int | None]:
-    """Compile-time predictions of the step peak, from what the capture recorded while compiling:
+def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str) -> dict[str, int | None]:
+    """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`) and Inductor's own
-    `estimate_peak_memory` (the larger of a pair's forward and backward)."""
+    `estimate_peak_memory` (the larger of a pair's forward and backward), as torch computes it and
+    with graph outputs kept live (torch 2.11 cancels them)."""
     from memprof.sweep.estimate import estimate_capture_plans
 
-    out: dict[str, int | None] = {"memprof": None, "inductor": None}
-    if not cap.plans:
+    out: dict[str, int | None] = {"memprof": None, "inductor": None, "inductor (outputs kept)": None}
+    if not plans:
         return out
     try:
-        out["memprof"] = estimate_capture_plans(cap.plans, cap.graphs, device)
+        out["memprof"] = estimate_capture_plans(plans, graphs, device)
     except Exception:  # a wrapper this walk does not understand: no estimate, never a failed sweep
         out["memprof"] = None
-    per_plan: dict[int, list[int]] = {}
-    for g in cap.graphs:
-        if g.plan is not None and g.inductor_estimate is not None and g.role in ("forward", "backward"):
-            per_plan.setdefault(g.plan, []).append(g.inductor_estimate)
-    if per_plan and len(per_plan) == len(cap.plans):
-        out["inductor"] = max(max(v) for v in per_plan.values())
+    for key, attr in (("inductor", "inductor_estimate"), ("inductor (outputs kept)", "inductor_estimate_kept")):
+        per_plan: dict[int, list[int]] = {}
+        for g in graphs:
+            value = getattr(g, attr)
+            if g.plan is not None and value is not None and g.role in ("forward", "backward"):
+                per_plan.setdefault(g.plan, []).append(value)
+        if per_plan and len(per_plan) == len(plans):
+            out[key] = max(max(v) for v in per_plan.values())
     return out

@@ -16,15 +16,18 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
 
     fig, (ax_mem, ax_time) = plt.subplots(2, 1, figsize=(8, 7), sharex=True, constrained_layout=True)
     for v in sweep.variants:
-        runs = [r for r in sweep.runs_of(v) if r.step_peak is not None]
+        runs = [r for r in sweep.runs_of(v) if sweep.value(r) is not None]
         label = "stock" if v == "stock" else f"remat {v}"
+        if sweep.mode == "predict":
+            label += ", predicted"
         xs = [r.budget for r in runs]
-        line = ax_mem.plot(xs, [r.step_peak / MB for r in runs if r.step_peak is not None], marker="o", label=label)[0]
+        line = ax_mem.plot(xs, [(sweep.value(r) or 0) / MB for r in runs], marker="o", label=label)[0]
         est = [(r.budget, ((r.measured or {}).get("estimates") or {}).get("memprof")) for r in runs]
-        if any(e is not None for _b, e in est):
+        if sweep.mode == "measure" and any(e is not None for _b, e in est):
             ax_mem.plot([b for b, e in est if e is not None], [e / MB for _b, e in est if e is not None],
                         linestyle="--", color=line.get_color(), alpha=0.7, label=f"{label}: memprof estimate")
-        times = [(r.budget, (r.measured or {}).get("step_ms")) for r in runs]
+        time_key = "step_ms" if sweep.mode == "measure" else "compile_s"
+        times = [(r.budget, (r.measured or {}).get(time_key)) for r in runs]
         ax_time.plot([b for b, t in times if t is not None], [t for _b, t in times if t is not None], marker="o",
                      color=line.get_color(), label=label)
         flags = worst_per_budget(sweep.flags(v))
@@ -37,11 +40,12 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
             ax_mem.axvline(r.budget, color="gray", linestyle=":", linewidth=1)
             ax_mem.annotate(r.status, (r.budget, 0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
                             va="bottom", ha="right", color="gray")
-    ax_mem.set_ylabel("step peak (MB, above the step's start)")
+    ax_mem.set_ylabel("step peak (MB, above the step's start)" if sweep.mode == "measure"
+                      else "predicted step peak (MB, memprof's estimate)")
     ax_mem.set_ylim(bottom=0)
     ax_mem.grid(alpha=0.3)
     ax_mem.legend(fontsize=8)
-    ax_time.set_ylabel("step time (ms, median)")
+    ax_time.set_ylabel("step time (ms, median)" if sweep.mode == "measure" else "compile time (s)")
     ax_time.set_xlabel("torch._functorch.config.activation_memory_budget")
     ax_time.set_ylim(bottom=0)
     ax_time.grid(alpha=0.3)

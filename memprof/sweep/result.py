@@ -65,13 +65,23 @@ class Sweep:
     runs: list[Run]
     noise: dict[str, float] = field(default_factory=lambda: {"abs_bytes": ABS_TOL, "rel": REL_TOL})
     notes: list[str] = field(default_factory=list)
+    mode: str = "measure"  # "measure": step peaks from captures; "predict": memprof's compile-time estimate
     format: int = FORMAT
+
+    def value(self, run: Run) -> int | None:
+        """The curve's value at one run: the measured step peak, or (predict) memprof's estimate."""
+        if self.mode == "measure":
+            return run.step_peak
+        if not run.ok or run.measured is None:
+            return None
+        est = (run.measured.get("estimates") or {}).get("memprof")
+        return None if est is None else int(est)
 
     def runs_of(self, variant: str) -> list[Run]:
         return sorted((r for r in self.runs if r.variant == variant), key=lambda r: r.budget)
 
     def flags(self, variant: str = "stock") -> list[Flag]:
-        return non_monotone([(r.budget, r.step_peak) for r in self.runs_of(variant)],
+        return non_monotone([(r.budget, self.value(r)) for r in self.runs_of(variant)],
                             int(self.noise["abs_bytes"]), float(self.noise["rel"]))
 
     def diagnoses(self, variant: str = "stock") -> list[Diagnosis]:
@@ -92,7 +102,7 @@ class Sweep:
         """Each compile-time estimator against the measured step peaks: Spearman's rank correlation,
         median and largest relative error, over the budgets where both exist."""
         out: dict[str, dict[str, float | int | None]] = {}
-        runs = [r for r in self.runs_of(variant) if r.step_peak]
+        runs = [r for r in self.runs_of(variant) if r.step_peak] if self.mode == "measure" else []
         names = sorted({k for r in runs for k in ((r.measured or {}).get("estimates") or {})})
         for name in names:
             pairs = [(float(e), float(r.step_peak)) for r in runs
@@ -142,7 +152,8 @@ def load_sweep(path: str | Path) -> Sweep:
         raise MemprofError(f"{p}: unknown sweep format (this memprof reads format {FORMAT})")
     noise = dict(d.get("noise", {})) or {"abs_bytes": ABS_TOL, "rel": REL_TOL}
     return Sweep(command=list(d["command"]), budgets=[float(b) for b in d["budgets"]], variants=list(d["variants"]),
-                 runs=[Run(**r) for r in d["runs"]], noise=noise, notes=list(d.get("notes", [])))
+                 runs=[Run(**r) for r in d["runs"]], noise=noise, notes=list(d.get("notes", [])),
+                 mode=str(d.get("mode", "measure")))
 
 
 def _mb(n: float | None) -> str:

@@ -78,13 +78,16 @@ class _Pool:
 
 
 def _run_one(pool: _Pool, out: Path, script: str, args: Sequence[str], variant: str, budget: float,
-             gpu: str | None, timeout: float | None, extra_env: dict[str, str]) -> Run:
+             gpu: str | None, timeout: float | None, extra_env: dict[str, str], predict: bool = False) -> Run:
     label = f"{variant}_{budget_label(budget)}"
     cap_name = f"{label}.memprof"
     log_name = f"logs/{label}.log"
     measure_path = out / "logs" / f"{label}.json"
-    cmd = [sys.executable, "-m", "memprof", "trace", "--budget", repr(budget), "-o", str(out / cap_name), "--force",
-           "--measure-json", str(measure_path)]
+    if predict:
+        cmd = [sys.executable, "-m", "memprof.sweep.predict", "--budget", repr(budget), "--json", str(measure_path)]
+    else:
+        cmd = [sys.executable, "-m", "memprof", "trace", "--budget", repr(budget), "-o", str(out / cap_name),
+               "--force", "--measure-json", str(measure_path)]
     if variant != "stock":
         cmd += ["--remat", variant]
     cmd += [script, "--", *args]
@@ -161,9 +164,11 @@ def _last_line(path: Path) -> str | None:
 
 def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], variants: Sequence[str], out: Path,
               jobs: int = 1, timeout: float | None = None, progress: Progress | None = None,
-              env: dict[str, str] | None = None) -> Sweep:
-    """Measure every (variant, budget) in its own process; returns the sweep (also saved to out/sweep.json)."""
-    sweep = Sweep(command=[script, *args], budgets=list(budgets), variants=list(variants), runs=[])
+              env: dict[str, str] | None = None, predict: bool = False) -> Sweep:
+    """Measure (or, with `predict`, only compile and estimate) every (variant, budget) in its own
+    process; returns the sweep (also saved to out/sweep.json)."""
+    sweep = Sweep(command=[script, *args], budgets=list(budgets), variants=list(variants), runs=[],
+                  mode="predict" if predict else "measure")
     gpus = _gpus()
     tasks = [(v, b) for b in budgets for v in variants]
     pool = _Pool()
@@ -173,7 +178,7 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         v, b = tasks[i]
         gpu = gpus[i % len(gpus)] if len(gpus) > 1 else None
         try:
-            run = _run_one(pool, out, script, args, v, b, gpu, timeout, env or {})
+            run = _run_one(pool, out, script, args, v, b, gpu, timeout, env or {}, predict)
         except OSError as exc:
             run = Run(v, b, "crashed", None, f"could not start: {exc}", None, "", 0.0)
         with lock:
@@ -202,7 +207,10 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         raise
     executor.shutdown(wait=True)
     sweep.runs.sort(key=lambda r: (r.variant, r.budget))
-    if sweep.never_compiled():
+    if predict and sweep.never_compiled():
+        sweep.notes.append("the script compiled no graph with a backward before its first backward call: "
+                           "nothing to predict")
+    if sweep.never_compiled() and not predict:
         sweep.notes.append("the script never called torch.compile on a model it trained (no compiled graph with a "
                            "backward was recorded): the budget has no effect; the peaks are eager peaks")
     sweep.save(out)

@@ -6,12 +6,16 @@ from memprof.sweep.detect import worst_per_budget
 from memprof.sweep.result import MB, Run, Sweep
 
 
-def _cell_peak(r: Run | None) -> str:
-    if r is None:
-        return "-"
-    if not r.ok:
-        return r.status.upper() if r.status != "exit" else f"EXIT {r.exit_code}"
-    return f"{r.step_peak / MB:.1f}" if r.step_peak is not None else "n/a"
+def _status(r: Run) -> str:
+    return r.status.upper() if r.status != "exit" else f"EXIT {r.exit_code}"
+
+
+def _mb(value: float | None) -> str:
+    return "n/a" if value is None else f"{value / MB:.1f}"
+
+
+def _est(r: Run | None, name: str) -> float | None:
+    return None if r is None or r.measured is None else (r.measured.get("estimates") or {}).get(name)
 
 
 def _cell_ms(r: Run | None) -> str:
@@ -26,7 +30,11 @@ def render_table(sweep: Sweep) -> str:
     random = {v: dict(sweep.random_recompute(v)) for v in sweep.variants}
     head = ["budget"]
     for v in sweep.variants:
-        head += [f"{v} peak MB", f"{v} est MB", f"{v} step ms", f"{v} saved MB", f"{v} recomputed MB"]
+        if sweep.mode == "measure":
+            head += [f"{v} peak MB", f"{v} est MB", f"{v} step ms", f"{v} saved MB", f"{v} recomputed MB"]
+        else:
+            head += [f"{v} predicted MB", f"{v} Inductor est MB", f"{v} compile s", f"{v} saved MB",
+                     f"{v} recomputed MB"]
     head += ["flags"]
     rows = [head, ["---"] * len(head)]
     for b in sweep.budgets:
@@ -35,9 +43,17 @@ def render_table(sweep: Sweep) -> str:
         for v in sweep.variants:
             r = runs.get((v, b))
             f = r.facts if r is not None and r.ok else None
-            est = None if r is None or r.measured is None else (r.measured.get("estimates") or {}).get("memprof")
-            row += [_cell_peak(r), "-" if est is None else f"{est / MB:.1f}", _cell_ms(r),
-                    "-" if f is None else f"{f.saved_bytes / MB:.1f}",
+            if r is None:
+                row += ["-"] * 3
+            elif not r.ok:
+                row += [_status(r), "-", "-"]
+            elif sweep.mode == "measure":
+                row += [_mb(r.step_peak), _mb(_est(r, "memprof")), _cell_ms(r)]
+            else:
+                secs = (r.measured or {}).get("compile_s")
+                row += [_mb(_est(r, "memprof")), _mb(_est(r, "inductor (outputs kept)")),
+                        "-" if secs is None else f"{secs:.0f}"]
+            row += ["-" if f is None else f"{f.saved_bytes / MB:.1f}",
                     "-" if f is None else f"{f.recomputed_bytes / MB:.1f}"]
             tag = "" if len(sweep.variants) == 1 else f"{v}: "
             if b in flagged[v]:
@@ -65,9 +81,11 @@ def render_findings(sweep: Sweep) -> str:
     for v in sweep.variants:
         flags = sweep.flags(v)
         name = "stock" if v == "stock" else f"--remat {v}"
+        if sweep.mode == "predict":
+            name += " (predicted)"
         noise = f"noise: max({sweep.noise['abs_bytes'] / MB:g} MB, {sweep.noise['rel']:.1%})"
         if not flags:
-            ok = [r for r in sweep.runs_of(v) if r.step_peak is not None]
+            ok = [r for r in sweep.runs_of(v) if sweep.value(r) is not None]
             if len(ok) >= 2:
                 out.append(f"{name}: less budget never gives more memory here ({len(ok)} budgets; {noise})")
         else:
