@@ -167,7 +167,8 @@ class StepEstimate:
 def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1) -> StepEstimate:
     """The step peak of one forward/backward pair from its wrapper code and plan."""
     fw = walk_wrapper(fw_source, plan.forward, None, block)
-    user = fw.outputs[: plan.num_fwd_outputs]
+    # the user's outputs (fw.outputs[:num_fwd_outputs]) are gone before the backward starts (the
+    # loss consumed them); the saved activations stay
     saved_ids = fw.outputs[plan.num_fwd_outputs:]
     kept = {s for s in saved_ids if s is not None}
     held = sum(fw.sizes[s] for s in kept)
@@ -183,8 +184,6 @@ def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int 
             inputs[node.name] = (tangent_id, _round(int(node.bytes), block))
             tangent_id -= 1
     bw = walk_wrapper(bw_source, plan.backward, inputs, block)
-    dropped = {s for s in user if s is not None} - kept
-    del dropped  # the user's outputs are gone before the backward starts (the loss consumed them)
     return StepEstimate(max(fw.peak, bw.peak), fw.peak, bw.peak, held, fw.unknown + bw.unknown)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -204,7 +203,3 @@ def diagnose(variant: str, flag: Flag, low: Run, high: Run) -> Diagnosis:
                      f"differ from the forward's: wrong gradients, pytorch#190758)")
     return Diagnosis(variant, flag.low, flag.high, flag.low_peak, flag.high_peak, lines)
 
-
-def median_or_none(values: list[float]) -> float | None:
-    vals = [v for v in values if v is not None and not math.isnan(v)]
-    return statistics.median(vals) if vals else None
