@@ -141,8 +141,23 @@ def _peak_outputs_kept(memory: Any, nodes: Any, name_to_freeable_input_buf: Any,
     return peak
 
 
+def _knapsack_evaluator_peak(joint_graph: Any, memory: list[float], runtimes: list[float], candidates: list[Any],
+                             saved: list[int], recomputed: list[int]) -> float:
+    """The partitioner's in-tree `KnapsackEvaluator` peak for the knapsack's own choice (its
+    backward simulation; in the knapsack's normalized memory units, so only its ranking compares)."""
+    from torch._functorch._activation_checkpointing.graph_info_provider import GraphInfoProvider
+    from torch._functorch._activation_checkpointing.knapsack_evaluator import KnapsackEvaluator
+
+    provider = GraphInfoProvider.inialize_from_graph(
+        joint_graph=joint_graph, all_recomputable_banned_nodes=candidates,
+        recorded_knapsack_input_memories=memory, recorded_knapsack_input_runtimes=runtimes)
+    out = KnapsackEvaluator(graph_info_provider=provider).evaluate_knapsack_output(
+        saved_nodes_idxs=saved, recomputable_node_idxs=recomputed, account_for_backward_pass=True)
+    return float(out["peak_memory"])
+
+
 def build_plan(index: int, backend: str, partitioner: str, budget: float, num_fwd_outputs: int,
-               fw: Any, bw: Any, remat: dict[str, Any] | None = None) -> Plan:
+               fw: Any, bw: Any, remat: dict[str, Any] | None = None, knapsack_peak: float | None = None) -> Plan:
     """Describe a partition: saved values, recomputed nodes and where the backward uses them."""
     fwg, bwg = fx_graph(fw), fx_graph(bw)
     out = next(n for n in fw.graph.nodes if n.op == "output")
@@ -164,6 +179,7 @@ def build_plan(index: int, backend: str, partitioner: str, budget: float, num_fw
         index=index, backend=backend, partitioner=partitioner, budget=budget, num_fwd_outputs=num_fwd_outputs,
         forward=fwg, backward=bwg, saved=saved, recomputed=names, recompute_sites=recomputed, random_ops=random_ops,
         recomputed_random=[n for n in random_ops if n in rec_names], masks=masks, remat=remat,
+        knapsack_peak=knapsack_peak,
     )
 
 
@@ -198,6 +214,10 @@ class PlanRecorder:
     # -- install / uninstall ------------------------------------------------------------
     def install(self) -> None:
         self.active = True
+        try:
+            self._install_knapsack()
+        except Exception as exc:
+            self._error(f"knapsack hook unavailable ({type(exc).__name__}: {exc}); no KnapsackEvaluator peaks")
         try:
             self._install_inductor()
         except Exception as exc:  # an unexpected torch version: capture without plans
@@ -308,6 +328,23 @@ class PlanRecorder:
         compile_inner.__wrapped__ = original_inner  # type: ignore[attr-defined]
         self._patch(compile_fx, "_compile_fx_inner", compile_inner)
 
+    def _install_knapsack(self) -> None:
+        import torch._functorch.partitioners as P
+
+        recorder = self
+        original = P._optimize_runtime_with_given_memory
+
+        def optimize(joint_graph: Any, memory: Any, runtimes: Any, max_memory: float, node_info: Any,
+                     candidates: Any) -> Any:
+            result = original(joint_graph, memory, runtimes, max_memory, node_info, candidates)
+            calls = getattr(recorder._local, "knapsack", None)
+            if calls is not None:  # kept for the plan; evaluated once the partition is done
+                calls.append((float(max_memory), joint_graph, list(memory), list(runtimes), list(candidates),
+                              list(result[1]), list(result[2])))
+            return result
+
+        self._patch(P, "_optimize_runtime_with_given_memory", optimize)
+
     def _install_aot(self) -> None:
         from torch._dynamo.backends.common import AotAutograd
         from torch._functorch.partitioners import default_partition
@@ -347,19 +384,30 @@ class PlanRecorder:
         except Exception as exc:
             self._error(f"budget not resolved ({type(exc).__name__}: {exc})")
         mode = remat.active_mode()
-        if mode is not None and not getattr(fn, "_memprof_remat", False):
-            fw, bw = remat_fx.partition(fn, gm, joint_inputs, mode, kwargs)
-        else:
-            fw, bw = fn(gm, joint_inputs, **kwargs)
+        self._local.knapsack = []
+        try:
+            if mode is not None and not getattr(fn, "_memprof_remat", False):
+                fw, bw = remat_fx.partition(fn, gm, joint_inputs, mode, kwargs)
+            else:
+                fw, bw = fn(gm, joint_inputs, **kwargs)
+        finally:
+            calls, self._local.knapsack = self._local.knapsack, None
         if not self.active:
             return fw, bw
+        knapsack_peak: float | None = None
+        call = next((c for c in calls if budget is not None and abs(c[0] - budget) < 1e-9), None)
+        if call is not None:
+            try:
+                knapsack_peak = _knapsack_evaluator_peak(*call[1:])
+            except Exception as exc:
+                self._error(f"KnapsackEvaluator failed ({type(exc).__name__}: {exc})")
         try:
             index = len(self.plans)
             report = getattr(bw, "meta", {}).get("memprof_remat")
             plan = build_plan(index, backend, getattr(fn, "__name__", type(fn).__name__),
                               budget if budget is not None else float("nan"),
                               int(kwargs.get("num_fwd_outputs", 0)), fw, bw,
-                              report.to_json() if report is not None else None)
+                              report.to_json() if report is not None else None, knapsack_peak)
             self.plans.append(plan)
             self._local.last_plan = index
             self.record_modules()

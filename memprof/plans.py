@@ -76,6 +76,7 @@ class Plan:
     status: str = "ok"  # "ok", or why the stock partitioner ran instead of memprof's wrapper
     notes: list[str] = field(default_factory=list)
     remat: dict[str, Any] | None = None  # what memprof's remat pass did (RematReport.to_json()), if it ran
+    knapsack_peak: float | None = None  # KnapsackEvaluator's peak for the knapsack's choice (normalized units)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,6 +94,7 @@ class Plan:
             recompute_sites=[RecomputedNode(**r) for r in d["recompute_sites"]], random_ops=list(d["random_ops"]),
             recomputed_random=list(d["recomputed_random"]), masks=list(d.get("masks", [])),
             status=str(d.get("status", "ok")), notes=list(d.get("notes", [])), remat=d.get("remat"),
+            knapsack_peak=None if d.get("knapsack_peak") is None else float(d["knapsack_peak"]),
         )
 
 

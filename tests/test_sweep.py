@@ -141,6 +141,9 @@ def test_sweep_end_to_end(small_sweep: tuple[Path, subprocess.CompletedProcess[s
     assert "less budget, more memory" in res.stdout
     d = json.loads((out / "sweep.json").read_text())
     assert d["analysis"]["stock"]["flags"] and d["analysis"]["stock"]["diagnoses"]
+    # the in-tree KnapsackEvaluator's peak for each knapsack plan (0.02 and 0.1; aot_eager has no wrapper code)
+    scores = d["analysis"]["stock"]["estimators"]
+    assert scores["knapsack evaluator"]["budgets"] == 2 and scores["memprof"]["budgets"] == 0
     for ext in ("png", "svg"):
         assert (out / f"sweep.{ext}").stat().st_size > 10_000
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"

@@ -21,6 +21,8 @@ from memprof._events import Kind
 from memprof.capture import Capture
 from memprof.plans import CompiledGraph, FxNode, Plan
 
+KNAPSACK = "knapsack evaluator"  # the in-tree KnapsackEvaluator's peak, in normalized units (ranking only)
+
 # op classes the diagnosis sums bytes by, in display order
 OP_CLASSES = ("attention", "attention proj", "mlp", "norm", "mask", "random", "embedding", "residual/other")
 
@@ -130,7 +132,7 @@ class Measured:
     at_peak: dict[str, int] = field(default_factory=dict)  # category -> bytes live at the measured step's peak
     peak_phase: str = ""  # "forward", "backward", or "" (outside compiled graphs / unknown)
     buffer_level: bool = False  # Inductor wrapper code joined allocations to FX nodes (recomputed values told apart)
-    estimates: dict[str, int | None] = field(default_factory=dict)  # estimator -> predicted step peak (bytes)
+    estimates: dict[str, float | None] = field(default_factory=dict)  # estimator -> predicted step peak (bytes)
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -225,14 +227,18 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     )
 
 
-def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str) -> dict[str, int | None]:
+def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str) -> dict[str, float | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`) and Inductor's own
     `estimate_peak_memory` (the larger of a pair's forward and backward), as torch computes it and
-    with graph outputs kept live (torch 2.11 cancels them)."""
+    with graph outputs kept live (torch 2.11 cancels them); and the partitioner's in-tree
+    `KnapsackEvaluator` (normalized units: compare its ranking only)."""
     from memprof.sweep.estimate import estimate_capture_plans
 
-    out: dict[str, int | None] = {"memprof": None, "inductor": None, "inductor (outputs kept)": None}
+    out: dict[str, float | None] = {"memprof": None, "inductor": None, "inductor (outputs kept)": None,
+                                    KNAPSACK: None}
+    if plans and all(p.knapsack_peak is not None for p in plans):
+        out[KNAPSACK] = max(float(p.knapsack_peak or 0.0) for p in plans)
     if not plans:
         return out
     try:

@@ -10,7 +10,7 @@ from typing import Any
 
 from memprof.errors import MemprofError
 from memprof.sweep.detect import ABS_TOL, REL_TOL, Flag, non_monotone, spearman, worst_per_budget
-from memprof.sweep.measure import OP_CLASSES, PlanFacts
+from memprof.sweep.measure import KNAPSACK, OP_CLASSES, PlanFacts
 
 FORMAT = 1
 MB = 1e6
@@ -106,7 +106,7 @@ class Sweep:
         for name in names:
             pairs = [(float(e), float(r.step_peak)) for r in runs
                      if r.step_peak and (e := ((r.measured or {}).get("estimates") or {}).get(name)) is not None]
-            errs = [abs(e - m) / m for e, m in pairs]
+            errs = [] if name == KNAPSACK else [abs(e - m) / m for e, m in pairs]
             out[name] = {"budgets": len(pairs), "spearman": spearman([e for e, _ in pairs], [m for _, m in pairs]),
                          "median_error": statistics.median(errs) if errs else None,
                          "max_error": max(errs) if errs else None}
