@@ -264,9 +264,11 @@ def _base_meta() -> dict[str, Any]:
 
 
 class _Recorder:
-    def __init__(self, cap: Capture, max_events: int, scopes: str, kernels: bool, plans: bool = True) -> None:
+    def __init__(self, cap: Capture, max_events: int, scopes: str, kernels: bool, plans: bool = True,
+                 knapsack_evaluator: bool = False) -> None:
         self.cap = cap
         self.record_plans = plans
+        self.knapsack_evaluator = knapsack_evaluator
         self.plan_recorder: Any = None
         self.max_events = max_events
         self.scopes = scopes
@@ -345,7 +347,7 @@ class _Recorder:
         if self.record_plans:
             from memprof.compile_hooks import PlanRecorder
 
-            self.plan_recorder = PlanRecorder(C.now_ns, self._note)
+            self.plan_recorder = PlanRecorder(C.now_ns, self._note, self.knapsack_evaluator)
             self.plan_recorder.install()
             self._undo.append(self.plan_recorder.uninstall)
             if self.meta.get("preexisting"):  # name what was allocated before the capture
@@ -475,6 +477,7 @@ def capture(
     kernels: bool = True,
     plans: bool = True,
     meta: dict[str, Any] | None = None,
+    knapsack_evaluator: bool = False,
 ) -> Iterator[Capture]:
     """Capture every allocation and free (CPU and CUDA) on this thread and its autograd threads.
 
@@ -483,7 +486,9 @@ def capture(
     record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
     open a scope for each compiled graph call and kernel launch. `plans` records what
     torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
-    Inductor's caches are off meanwhile) for `Capture.attribution`. The yielded `Capture` is
+    Inductor's caches are off meanwhile) for `Capture.attribution`; `knapsack_evaluator` also runs
+    the partitioner's in-tree KnapsackEvaluator on each knapsack plan (about 1 s per compiled pair
+    on the paper Llama; `memprof sweep` asks for it). The yielded `Capture` is
     filled when the block exits, also when it exits by an exception.
     """
     global _active
@@ -492,7 +497,7 @@ def capture(
     if max_events <= 0:
         raise MemprofError(f"max_events must be positive, got {max_events}")
     cap = Capture(meta=dict(meta or {}))
-    rec = _Recorder(cap, max_events, scopes, kernels, plans)
+    rec = _Recorder(cap, max_events, scopes, kernels, plans, knapsack_evaluator)
     with _lock:
         if _active is not None:
             raise MemprofError("a memprof capture is already active in this process")

@@ -197,9 +197,11 @@ def resolve_budget(joint: Any) -> float:
 class PlanRecorder:
     """Installs the compile hooks for one capture and collects what they see."""
 
-    def __init__(self, now_ns: Callable[[], int], note: Callable[[str], None]) -> None:
+    def __init__(self, now_ns: Callable[[], int], note: Callable[[str], None],
+                 knapsack_evaluator: bool = False) -> None:
         self.now_ns = now_ns
         self.note = note
+        self.knapsack_evaluator = knapsack_evaluator  # run KnapsackEvaluator on each knapsack plan
         self.plans: list[Plan] = []
         self.graphs: list[CompiledGraph] = []
         # known tensors: (t_ns, device, ptr, nbytes, category, name)
@@ -214,10 +216,11 @@ class PlanRecorder:
     # -- install / uninstall ------------------------------------------------------------
     def install(self) -> None:
         self.active = True
-        try:
-            self._install_knapsack()
-        except Exception as exc:
-            self._error(f"knapsack hook unavailable ({type(exc).__name__}: {exc}); no KnapsackEvaluator peaks")
+        if self.knapsack_evaluator:
+            try:
+                self._install_knapsack()
+            except Exception as exc:
+                self._error(f"knapsack hook unavailable ({type(exc).__name__}: {exc}); no KnapsackEvaluator peaks")
         try:
             self._install_inductor()
         except Exception as exc:  # an unexpected torch version: capture without plans

@@ -21,6 +21,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def one_line_error(res: subprocess.CompletedProcess[str]) -> str:
+    """The single `memprof: error:` line of a failed run (no traceback, nothing else on stderr)."""
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("memprof: error:"), res.stderr
+    return lines[0]
+
+
 def run_memprof(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str] | None = None,
                 ) -> subprocess.CompletedProcess[str]:
     """Run `python -m memprof ARGS` in a subprocess (as a user would)."""

@@ -12,7 +12,7 @@ import pytest
 
 import memprof
 
-from .conftest import run_memprof
+from .conftest import one_line_error, run_memprof
 
 SCRIPT = """\
 import sys, torch
@@ -36,14 +36,6 @@ def script(tmp_path: Path) -> Path:
     p = tmp_path / "train.py"
     p.write_text(SCRIPT)
     return p
-
-
-def one_line_error(res: subprocess.CompletedProcess[str]) -> str:
-    assert res.returncode != 0
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("memprof: error:"), res.stderr
-    return lines[0]
 
 
 def test_arguments_reach_the_script_as_under_python(script: Path, tmp_path: Path) -> None:

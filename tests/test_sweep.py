@@ -17,7 +17,7 @@ from memprof.sweep import load_sweep, non_monotone, parse_budgets, spearman, wor
 from memprof.sweep.detect import tolerance
 from memprof.sweep.measure import measure
 
-from .conftest import ROOT, run_memprof
+from .conftest import ROOT, one_line_error, run_memprof
 
 MB = 1_000_000
 
@@ -71,27 +71,19 @@ def test_spearman() -> None:
     assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
 
 
-def _one_line_error(res: subprocess.CompletedProcess[str]) -> str:
-    assert res.returncode != 0
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("memprof: error:"), res.stderr
-    return lines[0]
-
-
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     for spec, needle in [("", "empty"), ("0.1:0.3:0", "step must be > 0"), ("2", "outside [0, 1]")]:
-        assert needle in _one_line_error(run_memprof("sweep", "train.py", "--budgets", spec, cwd=tmp_path))
-    assert "does not exist" in _one_line_error(run_memprof("sweep", "nope.py", "--budgets", "0.1", cwd=tmp_path))
+        assert needle in one_line_error(run_memprof("sweep", "train.py", "--budgets", spec, cwd=tmp_path))
+    assert "does not exist" in one_line_error(run_memprof("sweep", "nope.py", "--budgets", "0.1", cwd=tmp_path))
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "sweep.json").write_text("{}")
-    line = _one_line_error(run_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "out", cwd=tmp_path))
+    line = one_line_error(run_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "out", cwd=tmp_path))
     assert "exists" in line and "--force" in line
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    line = _one_line_error(run_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "other", "--force",
+    line = one_line_error(run_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "other", "--force",
                                        cwd=tmp_path))
     assert "not a sweep" in line and (tmp_path / "other" / "notes.txt").exists()
 

@@ -72,9 +72,7 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
             bar.advance(task)
 
         result = run_sweep(str(path), list(script_args), budgets, variants, out, jobs=jobs, timeout=timeout,
-                           progress=done, predict=predict)
-    result.noise = {"abs_bytes": noise_mb * MB, "rel": noise_rel}
-    result.save(out)
+                           progress=done, predict=predict, noise={"abs_bytes": noise_mb * MB, "rel": noise_rel})
     click.echo(render_table(result))
     findings = render_findings(result)
     if findings:

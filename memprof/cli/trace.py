@@ -93,7 +93,8 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat
     result = None
     try:
         with _remat(remat), capture(max_events=max_events or DEFAULT_MAX_EVENTS, scopes=scopes,
-                                    kernels=not no_kernel_scopes, meta=meta) as cap:
+                                    kernels=not no_kernel_scopes, meta=meta,
+                                    knapsack_evaluator=measure_json is not None) as cap:
             result = run_script(path, list(script_args))
     finally:
         if cap is not None and not cap.recording:

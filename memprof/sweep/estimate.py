@@ -26,18 +26,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from memprof.plans import FxGraph, FxNode, Plan
-from memprof.wrapper_code import _call_body, _nbytes, _split_top
+from memprof.wrapper_code import _ALIAS, _ALLOC, _ARGS, _COPY, _NAME, _RETURN, _SOURCE, _call_body, _nbytes, _split_top
 
-_NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-_ALLOC = re.compile(rf"^({_NAME}) = empty_strided_\w+\(\((.*?)\), \((.*?)\), torch\.(\w+)")
+# beyond the parser's patterns: sizes of torch.empty_strided, fresh extern outputs, every del, a name
 _TORCH_EMPTY = re.compile(rf"^({_NAME}) = (?:torch\.)?empty_strided\(\((.*?)\), \((.*?)\).*dtype=torch\.(\w+)")
-_ALIAS = re.compile(rf"^({_NAME}) = reinterpret_tensor\(({_NAME}),")
-_COPY = re.compile(rf"^({_NAME}) = ({_NAME})(?:\[\d+\])?\s*(?:;|$)")
 _FRESH = re.compile(rf"^({_NAME}) = (?:torch\.ops\.aten|aten|extern_kernels|torch\.ops\.\w+)\.(\w+)(?:\.(\w+))?\(")
 _DEL = re.compile(rf"\bdel ({_NAME}(?:\s*,\s*{_NAME})*)")
-_RETURN = re.compile(r"^return \((.*)\)\s*$")
-_ARGS = re.compile(rf"^((?:{_NAME}, )*{_NAME}),? = args$")
-_SOURCE = re.compile(r"^# Topologically Sorted Source Nodes: \[(.*?)\]")
 _REF = re.compile(rf"({_NAME})")
 _BLOCK = 512
 
@@ -121,8 +115,9 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
                     bind(name, inputs[name][0])
             continue
         stmt = text.split(";")[0].strip()
-        m = _ALLOC.match(stmt) or _TORCH_EMPTY.match(stmt)
-        if m:
+        if m := _ALLOC.match(stmt):  # name, device, shape, stride, dtype
+            new(m.group(1), _nbytes(m.group(3), m.group(4), m.group(5)) or 0)
+        elif m := _TORCH_EMPTY.match(stmt):
             new(m.group(1), _nbytes(m.group(2), m.group(3), m.group(4)) or 0)
         elif (m := _ALIAS.match(stmt)) or (m := _COPY.match(stmt)):
             if m.group(2) in names:

@@ -37,7 +37,7 @@ def predict(script: Path, args: list[str], budget: float, remat: str | None) -> 
     notes: list[str] = []
     functorch_config.activation_memory_budget = budget
     functorch_config.force_non_lazy_backward_lowering = True
-    recorder = PlanRecorder(time.perf_counter_ns, notes.append)
+    recorder = PlanRecorder(time.perf_counter_ns, notes.append, knapsack_evaluator=True)
     originals = (torch.Tensor.backward, torch.autograd.backward)
 
     def stop(*_a: Any, **_k: Any) -> Any:

@@ -164,11 +164,14 @@ def _last_line(path: Path) -> str | None:
 
 def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], variants: Sequence[str], out: Path,
               jobs: int = 1, timeout: float | None = None, progress: Progress | None = None,
-              env: dict[str, str] | None = None, predict: bool = False) -> Sweep:
+              env: dict[str, str] | None = None, predict: bool = False,
+              noise: dict[str, float] | None = None) -> Sweep:
     """Measure (or, with `predict`, only compile and estimate) every (variant, budget) in its own
     process; returns the sweep (also saved to out/sweep.json)."""
     sweep = Sweep(command=[script, *args], budgets=list(budgets), variants=list(variants), runs=[],
                   mode="predict" if predict else "measure")
+    if noise is not None:
+        sweep.noise = dict(noise)
     gpus = _gpus()
     tasks = [(v, b) for b in budgets for v in variants]
     pool = _Pool()
