@@ -92,9 +92,54 @@ def _value_info(val: Any) -> tuple[list[int] | None, str | None, int | None]:
     return shape, str(first.dtype).replace("torch.", ""), total
 
 
+class _NoSpec(Exception):
+    pass
+
+
+def call_spec(node: Any) -> str:
+    """A fallback kernel's call as JSON (op, tensor arguments as [shape, stride, dtype, device,
+    storage offset], constants), or "" when an argument is symbolic or not plain data."""
+    import json
+
+    import torch
+
+    def enc(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            v = a.meta.get("val")
+            if not isinstance(v, torch.Tensor):
+                raise _NoSpec
+            dims = [*v.shape, *v.stride(), v.storage_offset()]
+            if not all(type(x) is int for x in dims):  # symbolic: never specialize it here
+                raise _NoSpec
+            return {"t": [list(v.shape), list(v.stride()), str(v.dtype).removeprefix("torch."), str(v.device),
+                          v.storage_offset()]}
+        if isinstance(a, (list, tuple)):
+            return {"l": [enc(x) for x in a]}
+        if a is None or type(a) in (bool, int, float, str):
+            return a
+        if isinstance(a, torch.dtype):
+            return {"dtype": str(a).removeprefix("torch.")}
+        if isinstance(a, torch.device):
+            return {"device": str(a)}
+        raise _NoSpec
+
+    target = node.target
+    try:
+        op = f"{target.name()}.{target._overloadname}"
+        return json.dumps({"op": op, "args": [enc(a) for a in node.args],
+                           "kwargs": {k: enc(v) for k, v in node.kwargs.items()}})
+    except (_NoSpec, AttributeError, TypeError, ValueError):
+        return ""
+
+
 def fx_graph(gm: Any) -> FxGraph:
     """Plain-data copy of a GraphModule's nodes (taken before Inductor's passes mutate it)."""
+    import sys
+
     random = {n.name for n in gm.graph.nodes if is_random_node(n)}
+    # ops Inductor will run as fallback kernels (their scratch memory is invisible in its wrapper)
+    lowering = sys.modules.get("torch._inductor.lowering")
+    fallbacks = getattr(lowering, "fallbacks", ())
     nodes: list[FxNode] = []
     for n in gm.graph.nodes:
         shape, dtype, nbytes = _value_info(n.meta.get("val"))
@@ -120,6 +165,7 @@ def fx_graph(gm: Any) -> FxGraph:
             name=n.name, op=n.op, target=str(n.target) if n.op != "placeholder" else "",
             shape=shape, dtype=dtype, bytes=nbytes, users=[u.name for u in n.users],
             module_path=path, source=source, random=n.name in random, mask=mask,
+            call=call_spec(n) if n.op == "call_function" and n.target in fallbacks else "",
         ))
     return FxGraph(nodes)
 

@@ -30,6 +30,9 @@ class FxNode:
     source: str  # the pre-partition (Dynamo) node it came from, when known
     random: bool = False  # draws random numbers (dropout, rand*, inductor_random, ...)
     mask: bool = False  # a boolean value computed from a random op (a dropout mask)
+    # for ops Inductor runs as fallback kernels: the call (op, argument shapes/strides/dtypes,
+    # constants) as JSON, so memprof's estimate can measure the kernel's scratch memory
+    call: str = ""
 
 
 @dataclass(frozen=True)

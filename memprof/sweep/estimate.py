@@ -3,7 +3,7 @@
 Inductor's wrapper is the scheduled program: every buffer it allocates (`empty_strided_*`), every
 extern call that returns a fresh tensor, every alias, reuse and `del`, in run order. This walks
 the forward's and the backward's wrappers of one compiled pair the way they run in a training
-step, with nothing measured:
+step, with nothing from a training step measured:
 - the forward starts from the step's resident memory (parameters, inputs: not counted) and ends
   holding its outputs; the user's outputs are dropped once the loss is computed, the saved
   activations stay;
@@ -13,7 +13,10 @@ step, with nothing measured:
 - sizes: allocations from their shape, stride and dtype; an extern op's fresh output from the FX
   node that Inductor names in the "Topologically Sorted Source Nodes" comment before it (a
   tuple's bytes summed); on CUDA each storage is rounded up to the caching allocator's 512-byte
-  blocks.
+  blocks;
+- a fallback kernel's scratch (what it allocates above its outputs while it runs, e.g. the
+  attention backward's workspace) is measured by running the kernel once on placeholder inputs
+  (`memprof.sweep.probe`); its call peaks that much above the live bytes.
 The estimate is the step's peak above the memory allocated when the step began (the sweep's
 `step_peak`). torch 2.11's own `estimate_peak_memory` cancels graph outputs, i.e. every saved
 activation of a forward (shared/notes/torch-internals.md §4); this walk keeps them.
@@ -43,6 +46,8 @@ class GraphWalk:
     outputs: tuple[int | None, ...]  # storage id per returned value (None: not a tensor the graph owns)
     sizes: Mapping[int, int]  # storage id -> bytes
     unknown: tuple[str, ...]  # fresh outputs whose size had to be guessed
+    # with explain=True: what is live at the peak, (what made it, bytes), largest first
+    at_peak: tuple[tuple[str, int], ...] = ()
 
 
 def _round(n: int, block: int) -> int:
@@ -50,9 +55,12 @@ def _round(n: int, block: int) -> int:
 
 
 def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[int, int]] | None = None,
-                 block: int = 1) -> GraphWalk:
+                 block: int = 1, explain: bool = False, scratch: Mapping[str, int] | None = None) -> GraphWalk:
     """Walk one wrapper's `call`. `inputs`: for inputs the graph owns (freed at their `del`), name ->
-    (storage id, bytes); others are resident and cost nothing. Storage ids of inputs must be < 0."""
+    (storage id, bytes); others are resident and cost nothing. Storage ids of inputs must be < 0.
+    `explain`: also say what is live at the peak (each storage by the line that made it).
+    `scratch`: FX node name -> bytes a fallback kernel allocates above its outputs while it runs
+    (`memprof.sweep.probe`); its call peaks that much above the live bytes with its outputs."""
     by_name = graph.by_name if graph is not None else {}
     by_source: dict[str, list[FxNode]] = {}  # the comment names Dynamo's nodes; FX nodes keep them as `source`
     for node in graph.nodes if graph is not None else ():
@@ -68,7 +76,11 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
     unknown: list[str] = []
     outputs: tuple[int | None, ...] = ()
     pending: list[str] = []
+    made: dict[int, str] = {}
+    at_peak: list[tuple[str, int]] = []
     inputs = inputs or {}
+    for name, (sid, _size) in inputs.items():
+        made.setdefault(sid, f"input {name}")
     for sid, nbytes in {v[0]: v[1] for v in inputs.values()}.items():
         sizes[sid] = nbytes
         owned.add(sid)
@@ -92,13 +104,17 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
             live -= sizes.get(sid, 0)
             owned.discard(sid)
 
-    def new(name: str, nbytes: int) -> None:
-        nonlocal live, peak, next_id
+    def new(name: str, nbytes: int, what: str) -> None:
+        nonlocal live, peak, next_id, at_peak
         sid = next_id
         next_id += 1
         sizes[sid] = _round(nbytes, block)
         owned.add(sid)
         live += sizes[sid]
+        if explain:
+            made[sid] = f"{name} ({what}; {', '.join(pending)})"
+        if live > peak and explain:
+            at_peak = sorted(((made.get(s, "?"), sizes[s]) for s in owned), key=lambda x: -x[1])
         peak = max(peak, live)
         bind(name, sid)
 
@@ -116,26 +132,35 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
             continue
         stmt = text.split(";")[0].strip()
         if m := _ALLOC.match(stmt):  # name, device, shape, stride, dtype
-            new(m.group(1), _nbytes(m.group(3), m.group(4), m.group(5)) or 0)
+            new(m.group(1), _nbytes(m.group(3), m.group(4), m.group(5)) or 0, "empty_strided")
         elif m := _TORCH_EMPTY.match(stmt):
-            new(m.group(1), _nbytes(m.group(2), m.group(3), m.group(4)) or 0)
+            new(m.group(1), _nbytes(m.group(2), m.group(3), m.group(4)) or 0, "empty_strided")
         elif (m := _ALIAS.match(stmt)) or (m := _COPY.match(stmt)):
             if m.group(2) in names:
                 bind(m.group(1), names[m.group(2)])
         elif m := _FRESH.match(stmt):
             op = m.group(2)
             size = None
+            fx: FxNode | None = None
             for src in reversed(pending):
                 candidates = [by_name[src]] if src in by_name else []
                 candidates += by_source.get(src, [])
                 match = [n for n in candidates if op in n.target and n.bytes is not None]
                 if match:
-                    size = int(match[-1].bytes or 0)
+                    fx = match[-1]
+                    size = int(fx.bytes or 0)
                     break
             if size is None:
                 size = 0
                 unknown.append(f"{m.group(1)} = {op}")
-            new(m.group(1), size)
+            new(m.group(1), size, op)
+            extra = _round(scratch.get(fx.name, 0), block) if scratch and fx is not None else 0
+            if live + extra > peak:
+                peak = live + extra
+                if explain:
+                    at_peak = sorted([*((made.get(s, "?"), sizes[s]) for s in owned),
+                                      (f"scratch of {op} ({fx.name if fx else '?'})", extra)],
+                                     key=lambda x: -x[1])
         else:
             m = _RETURN.match(stmt)
             if m:
@@ -147,7 +172,9 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
         for dm in _DEL.finditer(text):
             for name in dm.group(1).split(","):
                 unbind(name.strip())
-    return GraphWalk(peak, live, outputs, sizes, tuple(unknown))
+    if explain and not at_peak:  # the peak is the start
+        at_peak = sorted(((made.get(s, "?"), sizes[s]) for s in owned), key=lambda x: -x[1])
+    return GraphWalk(peak, live, outputs, sizes, tuple(unknown), tuple(at_peak))
 
 
 @dataclass(frozen=True)
@@ -157,18 +184,23 @@ class StepEstimate:
     bw_peak: int
     saved: int  # bytes of saved activations held between forward and backward
     unknown: tuple[str, ...]
+    at_peak: tuple[tuple[str, int], ...] = ()  # with explain=True: what is live at the peak
 
 
-def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1) -> StepEstimate:
-    """The step peak of one forward/backward pair from its wrapper code and plan."""
-    fw = walk_wrapper(fw_source, plan.forward, None, block)
+def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1,
+                  explain: bool = False, scratch: tuple[Mapping[str, int], Mapping[str, int]] | None = None
+                  ) -> StepEstimate:
+    """The step peak of one forward/backward pair from its wrapper code and plan. `scratch`: the
+    forward's and the backward's fallback kernels' scratch bytes by FX node name."""
+    fw_scratch, bw_scratch = scratch or ({}, {})
+    fw = walk_wrapper(fw_source, plan.forward, None, block, explain, fw_scratch)
     # the user's outputs (fw.outputs[:num_fwd_outputs]) are gone before the backward starts (the
     # loss consumed them); the saved activations stay
     saved_ids = fw.outputs[plan.num_fwd_outputs:]
     kept = {s for s in saved_ids if s is not None}
     held = sum(fw.sizes[s] for s in kept)
     if bw_source is None:
-        return StepEstimate(fw.peak, fw.peak, 0, held, fw.unknown)
+        return StepEstimate(fw.peak, fw.peak, 0, held, fw.unknown, fw.at_peak)
     inputs: dict[str, tuple[int, int]] = {}
     for name, sid in zip(plan.saved, saved_ids, strict=False):
         if sid is not None:
@@ -178,13 +210,18 @@ def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int 
         if node.op == "placeholder" and node.name.startswith("tangents") and node.bytes:
             inputs[node.name] = (tangent_id, _round(int(node.bytes), block))
             tangent_id -= 1
-    bw = walk_wrapper(bw_source, plan.backward, inputs, block)
-    return StepEstimate(max(fw.peak, bw.peak), fw.peak, bw.peak, held, fw.unknown + bw.unknown)
+    bw = walk_wrapper(bw_source, plan.backward, inputs, block, explain, bw_scratch)
+    return StepEstimate(max(fw.peak, bw.peak), fw.peak, bw.peak, held, fw.unknown + bw.unknown,
+                        bw.at_peak if bw.peak >= fw.peak else fw.at_peak)
 
 
-def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str) -> int | None:
+def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
+                           probe: bool = True) -> int | None:
     """memprof's estimate for a capture's compiled pairs (the largest step estimate), or None when a
-    pair has no Inductor wrapper code."""
+    pair has no Inductor wrapper code. `probe`: measure the fallback kernels' scratch memory
+    (`memprof.sweep.probe`; skipped where their device is absent or a capture is running)."""
+    from memprof.sweep.probe import probe_graph_calls
+
     block = _BLOCK if device.startswith("cuda") else 1
     best: int | None = None
     for i, plan in enumerate(plans):
@@ -192,7 +229,8 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
         if not fw:
             return None
+        scratch = (probe_graph_calls(plan.forward.nodes), probe_graph_calls(plan.backward.nodes)) if probe else None
         est = estimate_step(plan, str(getattr(fw[0], "source", "")), str(getattr(bw[0], "source", "")) if bw else None,
-                            block)
+                            block, scratch=scratch)
         best = est.peak if best is None else max(best, est.peak)
     return best

@@ -174,6 +174,11 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         sweep.noise = dict(noise)
     gpus = _gpus()
     tasks = [(v, b) for b in budgets for v in variants]
+    env = dict(env or {})
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ and "TORCHINDUCTOR_COMPILE_THREADS" not in env:
+        # the cores are shared by the jobs: each process compiles Triton kernels with its share
+        # (Inductor's default, a pool of one worker per core in each of N processes, oversubscribes)
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(tasks)))))
     pool = _Pool()
     lock = threading.Lock()
 
@@ -181,7 +186,7 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         v, b = tasks[i]
         gpu = gpus[i % len(gpus)] if len(gpus) > 1 else None
         try:
-            run = _run_one(pool, out, script, args, v, b, gpu, timeout, env or {}, predict)
+            run = _run_one(pool, out, script, args, v, b, gpu, timeout, env, predict)
         except OSError as exc:
             run = Run(v, b, "crashed", None, f"could not start: {exc}", None, "", 0.0)
         with lock:
