@@ -8,6 +8,7 @@ gradients kept allocated (the reference measurement), compiled with aot_eager (f
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import torch._functorch.config as functorch_config
@@ -35,6 +36,7 @@ def main() -> None:
             raise RuntimeError(f"deliberate failure at budget {functorch_config.activation_memory_budget}")
         model.zero_grad(set_to_none=False)
     print("loss", float(loss))
+    print("compile threads", os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"))
 
 
 if __name__ == "__main__":

@@ -58,7 +58,10 @@ def scratch_bytes(spec: str) -> int | None:
     from memprof._native import native
     from memprof.capture import capture
 
-    if native().active():  # never inside the user's capture; not cached, a later call may probe
+    try:
+        if native().active():  # never inside the user's capture; not cached, a later call may probe
+            return None
+    except Exception:  # no native extension: nothing to measure with
         return None
     result: int | None = None
     try:
