@@ -248,7 +248,8 @@ def test_probe_measures_a_fallback_kernels_scratch() -> None:
 def test_memprof_estimate_on_inductor_cpu() -> None:
     """A compiled TinyLlama step on CPU: memprof's wrapper walk, with the attention kernels' scratch
     probed, predicts the measured step peak within 0.5% at budgets 0 and 1 (without the probe it
-    misses the CPU attention backward's own buffers, 2% at budget 1)."""
+    misses the CPU attention backward's own buffers, 2% at budget 1), and explains its peak as the
+    capture's attribution does."""
     import sys
 
     import torch
@@ -273,8 +274,14 @@ def test_memprof_estimate_on_inductor_cpu() -> None:
                     model.zero_grad(set_to_none=False)
         finally:
             functorch_config.activation_memory_budget = old
-        m = measure(cap, attribution=False)
+        m = measure(cap)
         assert m.step_source == "forward graph calls" and m.steps == 3
+        # the estimate explained: its peak is where the capture's is, and what is live there agrees
+        # with the capture's attribution (recomputed values at budget 0, saved activations at 1)
+        assert m.estimate_peak_phase == m.peak_phase == "backward"
+        key = "recomputed" if budget == 0.0 else "saved_activation"
+        assert m.at_peak[key] > 0 and abs(m.estimate_at_peak[key] - m.at_peak[key]) <= 0.01 * m.at_peak[key]
+        assert sum(m.estimate_at_peak.values()) == m.estimates["memprof"]
         est = m.estimates["memprof"]
         assert est is not None and m.step_peak is not None
         results[budget] = (est, m.step_peak)
@@ -310,4 +317,9 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
         assert est is not None and abs(est - rm.measured["estimates"]["memprof"]) <= 0.001 * est
         assert rm.step_peak is not None and abs(est - rm.step_peak) <= 0.03 * rm.step_peak
         assert p.value(rp) == est
+        # no capture: what is live at the peak is the estimate's own explanation, summing to it
+        assert rp.measured["at_peak_source"] == "estimate" and rp.measured["peak_phase"] == "backward"
+        assert sum(rp.measured["at_peak"].values()) == est
+    at_zero = next(r for r in p.runs if r.budget == 0.0).measured
+    assert at_zero is not None and at_zero["at_peak"].get("recomputed", 0) > 0  # all recomputed at budget 0
     assert "predicted MB" in predicted.stdout

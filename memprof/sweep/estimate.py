@@ -46,8 +46,11 @@ class GraphWalk:
     outputs: tuple[int | None, ...]  # storage id per returned value (None: not a tensor the graph owns)
     sizes: Mapping[int, int]  # storage id -> bytes
     unknown: tuple[str, ...]  # fresh outputs whose size had to be guessed
-    # with explain=True: what is live at the peak, (what made it, bytes), largest first
+    # with explain=True: what is live at the peak, (what made it, bytes), largest first; the same by
+    # the name that made each storage ("bufN", "input NAME", "scratch NODE"); the names returned
     at_peak: tuple[tuple[str, int], ...] = ()
+    peak_makers: tuple[tuple[str, int], ...] = ()
+    returned: frozenset[str] = frozenset()
 
 
 def _round(n: int, block: int) -> int:
@@ -76,11 +79,14 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
     unknown: list[str] = []
     outputs: tuple[int | None, ...] = ()
     pending: list[str] = []
-    made: dict[int, str] = {}
-    at_peak: list[tuple[str, int]] = []
+    made: dict[int, str] = {}  # storage id -> what made it (explain)
+    maker: dict[int, str] = {}  # storage id -> the name that made it (explain)
+    peak_sids: list[int] = []
+    peak_extra: tuple[str, str, int] | None = None  # (description, maker, bytes) of a scratch at the peak
     inputs = inputs or {}
     for name, (sid, _size) in inputs.items():
         made.setdefault(sid, f"input {name}")
+        maker.setdefault(sid, f"input {name}")
     for sid, nbytes in {v[0]: v[1] for v in inputs.values()}.items():
         sizes[sid] = nbytes
         owned.add(sid)
@@ -105,7 +111,7 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
             owned.discard(sid)
 
     def new(name: str, nbytes: int, what: str) -> None:
-        nonlocal live, peak, next_id, at_peak
+        nonlocal live, peak, next_id, peak_sids, peak_extra
         sid = next_id
         next_id += 1
         sizes[sid] = _round(nbytes, block)
@@ -113,8 +119,9 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
         live += sizes[sid]
         if explain:
             made[sid] = f"{name} ({what}; {', '.join(pending)})"
-        if live > peak and explain:
-            at_peak = sorted(((made.get(s, "?"), sizes[s]) for s in owned), key=lambda x: -x[1])
+            maker[sid] = name
+            if live > peak:
+                peak_sids, peak_extra = list(owned), None
         peak = max(peak, live)
         bind(name, sid)
 
@@ -157,10 +164,8 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
             extra = _round(scratch.get(fx.name, 0), block) if scratch and fx is not None else 0
             if live + extra > peak:
                 peak = live + extra
-                if explain:
-                    at_peak = sorted([*((made.get(s, "?"), sizes[s]) for s in owned),
-                                      (f"scratch of {op} ({fx.name if fx else '?'})", extra)],
-                                     key=lambda x: -x[1])
+                if explain and fx is not None:
+                    peak_sids, peak_extra = list(owned), (f"scratch of {op} ({fx.name})", f"scratch {fx.name}", extra)
         else:
             m = _RETURN.match(stmt)
             if m:
@@ -172,9 +177,17 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
         for dm in _DEL.finditer(text):
             for name in dm.group(1).split(","):
                 unbind(name.strip())
-    if explain and not at_peak:  # the peak is the start
-        at_peak = sorted(((made.get(s, "?"), sizes[s]) for s in owned), key=lambda x: -x[1])
-    return GraphWalk(peak, live, outputs, sizes, tuple(unknown), tuple(at_peak))
+    if not explain:
+        return GraphWalk(peak, live, outputs, sizes, tuple(unknown))
+    if not peak_sids and peak_extra is None:  # the peak is the start
+        peak_sids = [s for s in sizes if s < 0]
+    rows = [(made.get(s, "?"), maker.get(s, "?"), sizes[s]) for s in peak_sids]
+    if peak_extra is not None:
+        rows.append(peak_extra)
+    rows.sort(key=lambda r: -r[2])
+    returned = frozenset(maker[s] for s in outputs if s is not None and s in maker)
+    return GraphWalk(peak, live, outputs, sizes, tuple(unknown), tuple((r[0], r[2]) for r in rows),
+                     tuple((r[1], r[2]) for r in rows), returned)
 
 
 @dataclass(frozen=True)
@@ -187,20 +200,10 @@ class StepEstimate:
     at_peak: tuple[tuple[str, int], ...] = ()  # with explain=True: what is live at the peak
 
 
-def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1,
-                  explain: bool = False, scratch: tuple[Mapping[str, int], Mapping[str, int]] | None = None
-                  ) -> StepEstimate:
-    """The step peak of one forward/backward pair from its wrapper code and plan. `scratch`: the
-    forward's and the backward's fallback kernels' scratch bytes by FX node name."""
-    fw_scratch, bw_scratch = scratch or ({}, {})
-    fw = walk_wrapper(fw_source, plan.forward, None, block, explain, fw_scratch)
-    # the user's outputs (fw.outputs[:num_fwd_outputs]) are gone before the backward starts (the
-    # loss consumed them); the saved activations stay
+def _backward_inputs(plan: Plan, fw: GraphWalk, block: int) -> dict[str, tuple[int, int]]:
+    """The backward's owned inputs: the saved activations (the forward's storages, shared ones once)
+    and its tangents (allocated contiguous by AOTAutograd)."""
     saved_ids = fw.outputs[plan.num_fwd_outputs:]
-    kept = {s for s in saved_ids if s is not None}
-    held = sum(fw.sizes[s] for s in kept)
-    if bw_source is None:
-        return StepEstimate(fw.peak, fw.peak, 0, held, fw.unknown, fw.at_peak)
     inputs: dict[str, tuple[int, int]] = {}
     for name, sid in zip(plan.saved, saved_ids, strict=False):
         if sid is not None:
@@ -210,7 +213,23 @@ def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int 
         if node.op == "placeholder" and node.name.startswith("tangents") and node.bytes:
             inputs[node.name] = (tangent_id, _round(int(node.bytes), block))
             tangent_id -= 1
-    bw = walk_wrapper(bw_source, plan.backward, inputs, block, explain, bw_scratch)
+    return inputs
+
+
+def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1,
+                  explain: bool = False, scratch: tuple[Mapping[str, int], Mapping[str, int]] | None = None
+                  ) -> StepEstimate:
+    """The step peak of one forward/backward pair from its wrapper code and plan. `scratch`: the
+    forward's and the backward's fallback kernels' scratch bytes by FX node name."""
+    fw_scratch, bw_scratch = scratch or ({}, {})
+    fw = walk_wrapper(fw_source, plan.forward, None, block, explain, fw_scratch)
+    # the user's outputs (fw.outputs[:num_fwd_outputs]) are gone before the backward starts (the
+    # loss consumed them); the saved activations stay
+    kept = {s for s in fw.outputs[plan.num_fwd_outputs:] if s is not None}
+    held = sum(fw.sizes[s] for s in kept)
+    if bw_source is None:
+        return StepEstimate(fw.peak, fw.peak, 0, held, fw.unknown, fw.at_peak)
+    bw = walk_wrapper(bw_source, plan.backward, _backward_inputs(plan, fw, block), block, explain, bw_scratch)
     return StepEstimate(max(fw.peak, bw.peak), fw.peak, bw.peak, held, fw.unknown + bw.unknown,
                         bw.at_peak if bw.peak >= fw.peak else fw.at_peak)
 
@@ -234,3 +253,59 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
                             block, scratch=scratch)
         best = est.peak if best is None else max(best, est.peak)
     return best
+
+
+def peak_breakdown(plan: Plan, walk: GraphWalk, role: str, origins: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """What is live at a walk's peak (`walk_wrapper(..., explain=True)`), by memprof.attribution's
+    categories, the step's own allocations only: the forward's saved activations and dropout masks
+    held into the backward, recomputed values (a backward buffer whose primary FX origin is a
+    recomputed forward node), the gradients the backward returns, fallback kernels' scratch
+    (workspace), tangents (input) and temporaries. `origins`: the compiled graph's buffer -> FX
+    nodes map."""
+    recomputed, saved, masks = set(plan.recomputed), set(plan.saved), set(plan.masks)
+    out: dict[str, int] = {}
+    for name, nbytes in walk.peak_makers:
+        if name.startswith("scratch "):
+            cat = "workspace"
+        elif name.startswith("input "):
+            node = name.removeprefix("input ")
+            cat = ("rng_mask" if node in masks else "saved_activation") if node in saved else "input"
+        elif name in walk.returned:
+            cat = "gradient" if role == "backward" else "saved_activation"
+        else:
+            nodes = origins.get(name) or ()
+            primary = nodes[-1] if nodes else ""
+            if role == "backward" and primary in recomputed:
+                cat = "rng_mask" if primary in masks else "recomputed"
+            else:
+                cat = "temporary"
+        out[cat] = out.get(cat, 0) + nbytes
+    return out
+
+
+def explain_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
+                          probe: bool = True) -> tuple[str, dict[str, int]] | None:
+    """Where memprof's estimated step peak is ("forward" or "backward", in the pair whose estimate
+    is largest) and what is live there by category (`peak_breakdown`); None without wrapper code."""
+    from memprof.sweep.probe import probe_graph_calls
+
+    block = _BLOCK if device.startswith("cuda") else 1
+    best: tuple[int, str, dict[str, int]] | None = None
+    for i, plan in enumerate(plans):
+        fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
+        bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
+        if not fw:
+            return None
+        fw_scratch = probe_graph_calls(plan.forward.nodes) if probe else {}
+        fw_walk = walk_wrapper(str(getattr(fw[0], "source", "")), plan.forward, None, block, True, fw_scratch)
+        found = (fw_walk.peak, "forward", peak_breakdown(plan, fw_walk, "forward", getattr(fw[0], "origins", {})))
+        if bw:
+            bw_scratch = probe_graph_calls(plan.backward.nodes) if probe else {}
+            bw_walk = walk_wrapper(str(getattr(bw[0], "source", "")), plan.backward,
+                                   _backward_inputs(plan, fw_walk, block), block, True, bw_scratch)
+            if bw_walk.peak >= fw_walk.peak:
+                found = (bw_walk.peak, "backward",
+                         peak_breakdown(plan, bw_walk, "backward", getattr(bw[0], "origins", {})))
+        if best is None or found[0] > best[0]:
+            best = found
+    return None if best is None else (best[1], best[2])

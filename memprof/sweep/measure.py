@@ -134,6 +134,10 @@ class Measured:
     buffer_level: bool = False  # Inductor wrapper code joined allocations to FX nodes (recomputed values told apart)
     estimates: dict[str, float | None] = field(default_factory=dict)  # estimator -> predicted step peak (bytes)
     notes: list[str] = field(default_factory=list)
+    # memprof's estimate, explained: where its peak is and what is live there by category (the
+    # step's own allocations); in a --predict sweep these are at_peak and peak_phase themselves
+    estimate_at_peak: dict[str, int] = field(default_factory=dict)
+    estimate_peak_phase: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -224,7 +228,21 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=estimates(cap.plans, cap.graphs, device), notes=notes,
+        **_explained(cap.plans, cap.graphs, device),
     )
+
+
+def _explained(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str) -> dict[str, Any]:
+    """estimate_at_peak / estimate_peak_phase for Measured (empty when the walk does not apply)."""
+    from memprof.sweep.estimate import explain_capture_plans
+
+    try:
+        found = explain_capture_plans(plans, graphs, device) if plans else None
+    except Exception:  # an explanation is an aid; never a failed measurement
+        found = None
+    if found is None:
+        return {}
+    return {"estimate_peak_phase": found[0], "estimate_at_peak": found[1]}
 
 
 def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str) -> dict[str, float | None]:

@@ -187,7 +187,8 @@ def diagnose(variant: str, flag: Flag, low: Run, high: Run) -> Diagnosis:
         sav_l, sav_h = rl.get("saved_activation", 0), rh.get("saved_activation", 0)
         mask_l, mask_h = rl.get("rng_mask", 0), rh.get("rng_mask", 0)
         phase = ml.get("peak_phase") or "?"
-        text = (f"lifetime: at {flag.low:g}'s peak ({phase}) {_mb(rec_l)} MB are recomputed values and "
+        peak = "predicted peak" if ml.get("at_peak_source") == "estimate" else "peak"
+        text = (f"lifetime: at {flag.low:g}'s {peak} ({phase}) {_mb(rec_l)} MB are recomputed values and "
                 f"{_mb(sav_l)} MB saved activations (at {flag.high:g}: {_mb(rec_h)} and {_mb(sav_h)} MB)")
         if mask_l or mask_h:
             text += f"; dropout masks {_mb(mask_l)} MB (at {flag.high:g}: {_mb(mask_h)} MB)"
