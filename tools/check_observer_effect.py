@@ -1,0 +1,137 @@
+"""Does capturing with memprof change the program it measures? Step peaks compiled inside a memprof
+capture (its compile hooks on) against compiled outside it (no hooks), and plain torch.
+
+    python tools/check_observer_effect.py --model llama --paper --budgets 0.05,0.10       # H200
+    python tools/check_observer_effect.py --model llama --layers 8 --seq 512 --budgets 0.0:0.3:0.02
+
+Each mode runs in its own process, one compile per budget (torch._dynamo.reset between budgets):
+- inside: compile in the first captured step (memprof's compile hooks record the plan; Inductor's
+  and AOTAutograd's caches are off, as in every memprof capture);
+- outside: compile in a warm-up step before the capture starts (stock compile, caches as torch
+  sets them), then capture the steps;
+- plain (CUDA only): no memprof at all; `torch.cuda.max_memory_allocated()` around each step
+  minus the memory allocated before it (shared/reference's method).
+The step peak is the most allocated during a forward+backward above the step's start (gradients
+kept allocated), the last of the measured steps; for inside/outside it comes from the capture.
+The last output is the table (bytes; "same" when every mode agrees to the byte).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MODES = ("inside", "outside", "plain")
+
+
+def _example(model: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"train_{model}", ROOT / "examples" / f"train_{model}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _worker(ns: argparse.Namespace) -> None:
+    import dataclasses
+
+    import torch
+    import torch._functorch.config as functorch_config
+
+    ex = _example(ns.model)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    size = ex.PAPER if ns.paper else ex.SMALL
+    changes = {k: v for k, v in (("layers", ns.layers), ("seq", ns.seq)) if v is not None}
+    size = dataclasses.replace(size, **changes)
+    results: list[tuple[float, int]] = []
+    for budget in (float(b) for b in ns.budgets.split(",")):
+        torch._dynamo.reset()
+        model, ids = ex.build(size, device)
+        fn = torch.compile(model)
+        functorch_config.activation_memory_budget = budget
+
+        def step(fn: Any = fn, model: Any = model, ids: Any = ids) -> None:
+            fn(input_ids=ids).last_hidden_state.sum().backward()
+            model.zero_grad(set_to_none=False)
+
+        if ns.mode == "plain":
+            peaks = []
+            for _ in range(ns.steps + 1):
+                torch.cuda.synchronize()
+                base = torch.cuda.memory_allocated()
+                torch.cuda.reset_peak_memory_stats()
+                step()
+                torch.cuda.synchronize()
+                peaks.append(torch.cuda.max_memory_allocated() - base)
+            results.append((budget, peaks[-1]))
+            continue
+        import memprof
+        from memprof.sweep.measure import measure
+
+        if ns.mode == "outside":
+            step()
+        with memprof.capture() as cap:
+            for _ in range(ns.steps + (1 if ns.mode == "inside" else 0)):
+                step()
+                memprof.step()
+        m = measure(cap, attribution=False)
+        results.append((budget, m.step_peaks[-1]))
+    print("RESULT " + json.dumps(results), flush=True)
+
+
+def _budgets(spec: str) -> str:
+    if ":" in spec:
+        lo, hi, step = (float(x) for x in spec.split(":"))
+        n = round((hi - lo) / step)
+        return ",".join(f"{lo + i * step:.6g}" for i in range(n + 1))
+    return spec
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    p.add_argument("--model", choices=("llama", "bert"), default="llama")
+    p.add_argument("--paper", action="store_true", help="the paper's configuration")
+    p.add_argument("--layers", type=int, default=None)
+    p.add_argument("--seq", type=int, default=None)
+    p.add_argument("--budgets", default="0.05,0.1")
+    p.add_argument("--steps", type=int, default=2, help="measured steps after the compiling one")
+    p.add_argument("--worker", choices=MODES, dest="mode", default=None, help=argparse.SUPPRESS)
+    ns = p.parse_args()
+    ns.budgets = _budgets(ns.budgets)
+    if ns.mode is not None:
+        _worker(ns)
+        return 0
+    import torch
+
+    modes = MODES if torch.cuda.is_available() else MODES[:2]
+    argv = [sys.executable, __file__, *sys.argv[1:]]
+    procs = {m: subprocess.Popen([*argv, "--worker", m], stdout=subprocess.PIPE, text=True, cwd=ROOT) for m in modes}
+    found: dict[str, dict[float, int]] = {}
+    for m, proc in procs.items():
+        out, _ = proc.communicate()
+        line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            print(f"check_observer_effect: the {m} worker failed (exit {proc.returncode})", file=sys.stderr)
+            return 1
+        found[m] = {float(b): int(v) for b, v in json.loads(line.removeprefix("RESULT "))}
+    rows: list[list[Any]] = []
+    for b in sorted(found[modes[0]]):
+        values = [found[m].get(b) for m in modes]
+        rows.append([f"{b:g}", *values, "same" if len(set(values)) == 1 else "DIFFERENT"])
+    print("| budget | " + " | ".join(f"{m} B" for m in modes) + " | |")
+    print("|" + "---|" * (len(modes) + 2))
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in r) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
