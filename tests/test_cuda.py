@@ -231,8 +231,8 @@ def test_remat_saves_the_attention_mask_and_matches_eager_gradients() -> None:
 def test_memprof_estimate_with_kernel_probes_on_cuda(budget: float) -> None:
     """The paper Llama's step peak sits inside the memory-efficient attention backward (H200,
     torch 2.11): the probe measures that kernel's scratch, and memprof's estimate lands within 0.5%
-    of the measured step peak (1.2–1.4% without it; run C in docs/benchmarks.md); the estimate's explanation puts its peak in the
-    backward, as the capture does, and sums to the estimate."""
+    of the measured step peak (1.2–1.4% without it; run C in docs/benchmarks.md); the estimate's
+    explanation puts its peak in the backward, as the capture does, and sums to the estimate."""
     import torch._functorch.config as fc
 
     from memprof.sweep.estimate import estimate_capture_plans
