@@ -240,22 +240,17 @@ def test_memprof_estimate_with_kernel_probes_on_cuda(budget: float) -> None:
 
     ex = example()
     torch._dynamo.reset()
-    old = fc.activation_memory_budget
-    fc.activation_memory_budget = budget
-    try:
-        model, ids = ex.build(ex.PAPER, "cuda")
-        step = torch.compile(model)
-        with memprof.capture() as cap:
-            for _ in range(3):
-                step(input_ids=ids).last_hidden_state.sum().backward()
-                model.zero_grad(set_to_none=False)
-    finally:
-        fc.activation_memory_budget = old
+    model, ids = ex.build(ex.PAPER, "cuda")
+    step = torch.compile(model)
+    with fc.patch(activation_memory_budget=budget), memprof.capture() as cap:
+        for _ in range(3):
+            step(input_ids=ids).last_hidden_state.sum().backward()
+            model.zero_grad(set_to_none=False)
     m = measure(cap)
     est = m.estimates["memprof"]
     assert m.step_peak is not None and est is not None
     without = estimate_capture_plans(cap.plans, cap.graphs, m.device, probe=False)
-    assert without is not None and without < est  # the attention backward's scratch is counted
-    assert abs(est - m.step_peak) <= 0.005 * m.step_peak, (est, m.step_peak, without)
+    assert without is not None and without.peak < est  # the attention backward's scratch is counted
+    assert abs(est - m.step_peak) <= 0.005 * m.step_peak, (est, m.step_peak, without.peak)
     assert m.estimate_peak_phase == m.peak_phase == "backward"
     assert sum(m.estimate_at_peak.values()) == est and m.estimate_at_peak.get("workspace", 0) > 0

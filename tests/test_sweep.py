@@ -265,15 +265,10 @@ def test_memprof_estimate_on_inductor_cpu() -> None:
         model = TinyLlama(layers=2, d=64, heads=4, mlp=172, vocab=128)
         ids = torch.randint(0, 128, (2, 64))
         fn = torch.compile(model)
-        old = functorch_config.activation_memory_budget
-        functorch_config.activation_memory_budget = budget
-        try:
-            with memprof.capture() as cap:
-                for _ in range(3):
-                    projection_loss(fn(ids)).backward()
-                    model.zero_grad(set_to_none=False)
-        finally:
-            functorch_config.activation_memory_budget = old
+        with functorch_config.patch(activation_memory_budget=budget), memprof.capture() as cap:
+            for _ in range(3):
+                projection_loss(fn(ids)).backward()
+                model.zero_grad(set_to_none=False)
         m = measure(cap)
         assert m.step_source == "forward graph calls" and m.steps == 3
         # the estimate explained: its peak is where the capture's is, and what is live there agrees

@@ -28,6 +28,10 @@ from types import ModuleType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from memprof.sweep.spec import parse_budgets  # noqa: E402
+
 MODES = ("inside", "outside", "plain")
 
 
@@ -87,14 +91,6 @@ def _worker(ns: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(results), flush=True)
 
 
-def _budgets(spec: str) -> str:
-    if ":" in spec:
-        lo, hi, step = (float(x) for x in spec.split(":"))
-        n = round((hi - lo) / step)
-        return ",".join(f"{lo + i * step:.6g}" for i in range(n + 1))
-    return spec
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     p.add_argument("--model", choices=("llama", "bert"), default="llama")
@@ -105,7 +101,7 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=2, help="measured steps after the compiling one")
     p.add_argument("--worker", choices=MODES, dest="mode", default=None, help=argparse.SUPPRESS)
     ns = p.parse_args()
-    ns.budgets = _budgets(ns.budgets)
+    ns.budgets = ",".join(f"{b:g}" for b in parse_budgets(ns.budgets))  # the sweep's own spec syntax
     if ns.mode is not None:
         _worker(ns)
         return 0

@@ -47,7 +47,7 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
 
     from memprof.runner import check_script
     from memprof.sweep import parse_budgets, prepare_dir, run_sweep
-    from memprof.sweep.result import MB, Run
+    from memprof.sweep.result import MB, Run, run_value
     from memprof.sweep.table import render_findings, render_table
 
     budgets = parse_budgets(spec)
@@ -64,9 +64,7 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
         task = bar.add_task("budgets", total=total)
 
         def done(run: Run) -> None:
-            value = run.step_peak
-            if predict and run.ok and run.measured is not None:
-                value = (run.measured.get("estimates") or {}).get("memprof")
+            value = run_value(run, "predict" if predict else "measure")
             peak = f"{value / MB:.1f} MB" if value is not None else run.status
             bar.console.print(f"  {run.variant} {run.budget:g}: {peak} ({run.wall_s:.0f} s)")
             bar.advance(task)

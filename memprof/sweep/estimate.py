@@ -79,14 +79,15 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
     unknown: list[str] = []
     outputs: tuple[int | None, ...] = ()
     pending: list[str] = []
-    made: dict[int, str] = {}  # storage id -> what made it (explain)
-    maker: dict[int, str] = {}  # storage id -> the name that made it (explain)
-    peak_sids: list[int] = []
-    peak_extra: tuple[str, str, int] | None = None  # (description, maker, bytes) of a scratch at the peak
+    # explain: storage id -> (the name that made it, what made it); every allocation and free in
+    # order, and how many of them happened when the peak was reached (replayed at the end)
+    made: dict[int, tuple[str, str]] = {}
+    events: list[tuple[int, bool]] = []
+    peak_at = 0
+    peak_extra: tuple[str, str, int] | None = None  # (maker, description, bytes) of a scratch at the peak
     inputs = inputs or {}
     for name, (sid, _size) in inputs.items():
-        made.setdefault(sid, f"input {name}")
-        maker.setdefault(sid, f"input {name}")
+        made.setdefault(sid, (f"input {name}", f"input {name}"))
     for sid, nbytes in {v[0]: v[1] for v in inputs.values()}.items():
         sizes[sid] = nbytes
         owned.add(sid)
@@ -109,19 +110,21 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
         if refs[sid] == 0 and sid in owned:
             live -= sizes.get(sid, 0)
             owned.discard(sid)
+            if explain:
+                events.append((sid, False))
 
     def new(name: str, nbytes: int, what: str) -> None:
-        nonlocal live, peak, next_id, peak_sids, peak_extra
+        nonlocal live, peak, next_id, peak_at, peak_extra
         sid = next_id
         next_id += 1
         sizes[sid] = _round(nbytes, block)
         owned.add(sid)
         live += sizes[sid]
         if explain:
-            made[sid] = f"{name} ({what}; {', '.join(pending)})"
-            maker[sid] = name
+            made[sid] = (name, f"{name} ({what}; {', '.join(pending)})")
+            events.append((sid, True))
             if live > peak:
-                peak_sids, peak_extra = list(owned), None
+                peak_at, peak_extra = len(events), None
         peak = max(peak, live)
         bind(name, sid)
 
@@ -165,7 +168,7 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
             if live + extra > peak:
                 peak = live + extra
                 if explain and fx is not None:
-                    peak_sids, peak_extra = list(owned), (f"scratch of {op} ({fx.name})", f"scratch {fx.name}", extra)
+                    peak_at, peak_extra = len(events), (f"scratch {fx.name}", f"scratch of {op} ({fx.name})", extra)
         else:
             m = _RETURN.match(stmt)
             if m:
@@ -179,15 +182,19 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
                 unbind(name.strip())
     if not explain:
         return GraphWalk(peak, live, outputs, sizes, tuple(unknown))
-    if not peak_sids and peak_extra is None:  # the peak is the start
-        peak_sids = [s for s in sizes if s < 0]
-    rows = [(made.get(s, "?"), maker.get(s, "?"), sizes[s]) for s in peak_sids]
+    at_peak = {s for s in sizes if s < 0}  # the inputs, live at the start
+    for sid, alive in events[:peak_at]:
+        if alive:
+            at_peak.add(sid)
+        else:
+            at_peak.discard(sid)
+    rows = [(*made.get(s, ("?", "?")), sizes[s]) for s in at_peak]
     if peak_extra is not None:
         rows.append(peak_extra)
     rows.sort(key=lambda r: -r[2])
-    returned = frozenset(maker[s] for s in outputs if s is not None and s in maker)
-    return GraphWalk(peak, live, outputs, sizes, tuple(unknown), tuple((r[0], r[2]) for r in rows),
-                     tuple((r[1], r[2]) for r in rows), returned)
+    returned = frozenset(made[s][0] for s in outputs if s is not None and s in made)
+    return GraphWalk(peak, live, outputs, sizes, tuple(unknown), tuple((r[1], r[2]) for r in rows),
+                     tuple((r[0], r[2]) for r in rows), returned)
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,12 @@ class StepEstimate:
     bw_peak: int
     saved: int  # bytes of saved activations held between forward and backward
     unknown: tuple[str, ...]
-    at_peak: tuple[tuple[str, int], ...] = ()  # with explain=True: what is live at the peak
+    phase: str  # where the peak is: "forward" or "backward"
+    walk: GraphWalk  # the walk of that graph (with explain=True, what is live at the peak)
+
+    @property
+    def at_peak(self) -> tuple[tuple[str, int], ...]:
+        return self.walk.at_peak
 
 
 def _backward_inputs(plan: Plan, fw: GraphWalk, block: int) -> dict[str, tuple[int, int]]:
@@ -228,21 +240,32 @@ def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int 
     kept = {s for s in fw.outputs[plan.num_fwd_outputs:] if s is not None}
     held = sum(fw.sizes[s] for s in kept)
     if bw_source is None:
-        return StepEstimate(fw.peak, fw.peak, 0, held, fw.unknown, fw.at_peak)
+        return StepEstimate(fw.peak, fw.peak, 0, held, fw.unknown, "forward", fw)
     bw = walk_wrapper(bw_source, plan.backward, _backward_inputs(plan, fw, block), block, explain, bw_scratch)
-    return StepEstimate(max(fw.peak, bw.peak), fw.peak, bw.peak, held, fw.unknown + bw.unknown,
-                        bw.at_peak if bw.peak >= fw.peak else fw.at_peak)
+    if bw.peak >= fw.peak:
+        return StepEstimate(bw.peak, fw.peak, bw.peak, held, fw.unknown + bw.unknown, "backward", bw)
+    return StepEstimate(fw.peak, fw.peak, bw.peak, held, fw.unknown + bw.unknown, "forward", fw)
+
+
+@dataclass(frozen=True)
+class CaptureEstimate:
+    """memprof's estimate for a capture's compiled pairs: the largest step estimate, where it is
+    ("forward" or "backward") and what is live there by category (`peak_breakdown`)."""
+
+    peak: int
+    phase: str
+    at_peak: dict[str, int]
 
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
-                           probe: bool = True) -> int | None:
-    """memprof's estimate for a capture's compiled pairs (the largest step estimate), or None when a
-    pair has no Inductor wrapper code. `probe`: measure the fallback kernels' scratch memory
-    (`memprof.sweep.probe`; skipped where their device is absent or a capture is running)."""
+                           probe: bool = True) -> CaptureEstimate | None:
+    """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
+    wrapper code. `probe`: measure the fallback kernels' scratch memory (`memprof.sweep.probe`;
+    skipped where their device is absent or a capture is running)."""
     from memprof.sweep.probe import probe_graph_calls
 
     block = _BLOCK if device.startswith("cuda") else 1
-    best: int | None = None
+    best: CaptureEstimate | None = None
     for i, plan in enumerate(plans):
         fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
         bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
@@ -250,8 +273,11 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
             return None
         scratch = (probe_graph_calls(plan.forward.nodes), probe_graph_calls(plan.backward.nodes)) if probe else None
         est = estimate_step(plan, str(getattr(fw[0], "source", "")), str(getattr(bw[0], "source", "")) if bw else None,
-                            block, scratch=scratch)
-        best = est.peak if best is None else max(best, est.peak)
+                            block, explain=True, scratch=scratch)
+        if best is None or est.peak > best.peak:
+            graph = bw[0] if est.phase == "backward" else fw[0]
+            best = CaptureEstimate(est.peak, est.phase,
+                                   peak_breakdown(plan, est.walk, est.phase, getattr(graph, "origins", {})))
     return best
 
 
@@ -282,30 +308,3 @@ def peak_breakdown(plan: Plan, walk: GraphWalk, role: str, origins: Mapping[str,
         out[cat] = out.get(cat, 0) + nbytes
     return out
 
-
-def explain_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
-                          probe: bool = True) -> tuple[str, dict[str, int]] | None:
-    """Where memprof's estimated step peak is ("forward" or "backward", in the pair whose estimate
-    is largest) and what is live there by category (`peak_breakdown`); None without wrapper code."""
-    from memprof.sweep.probe import probe_graph_calls
-
-    block = _BLOCK if device.startswith("cuda") else 1
-    best: tuple[int, str, dict[str, int]] | None = None
-    for i, plan in enumerate(plans):
-        fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
-        bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
-        if not fw:
-            return None
-        fw_scratch = probe_graph_calls(plan.forward.nodes) if probe else {}
-        fw_walk = walk_wrapper(str(getattr(fw[0], "source", "")), plan.forward, None, block, True, fw_scratch)
-        found = (fw_walk.peak, "forward", peak_breakdown(plan, fw_walk, "forward", getattr(fw[0], "origins", {})))
-        if bw:
-            bw_scratch = probe_graph_calls(plan.backward.nodes) if probe else {}
-            bw_walk = walk_wrapper(str(getattr(bw[0], "source", "")), plan.backward,
-                                   _backward_inputs(plan, fw_walk, block), block, True, bw_scratch)
-            if bw_walk.peak >= fw_walk.peak:
-                found = (bw_walk.peak, "backward",
-                         peak_breakdown(plan, bw_walk, "backward", getattr(bw[0], "origins", {})))
-        if best is None or found[0] > best[0]:
-            best = found
-    return None if best is None else (best[1], best[2])

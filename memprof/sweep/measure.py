@@ -1,6 +1,7 @@
 """What one budget's capture says: step peaks, step time, the plan's selection and lifetimes.
 
-Pure analysis of a loaded `Capture` (numpy; no torch, nothing printed). The step peak follows
+Analysis of a loaded `Capture` (numpy; nothing printed; torch only where memprof's estimate
+probes a fallback kernel's scratch, `memprof.sweep.probe`). The step peak follows
 `shared/reference`'s method: the most memory allocated during a step above what was allocated
 when it began, median over the steps after the first (compiling) one. Steps are the capture's
 step markers (optimizer steps or `memprof.step()`); a script with neither is split at each call
@@ -20,6 +21,7 @@ import numpy as np
 from memprof._events import Kind
 from memprof.capture import Capture
 from memprof.plans import CompiledGraph, FxNode, Plan
+from memprof.sweep.estimate import CaptureEstimate
 
 KNAPSACK = "knapsack evaluator"  # the in-tree KnapsackEvaluator's peak, in normalized units (ranking only)
 
@@ -223,34 +225,24 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
 
         row = int(tl.rows[pos])
         phase = _phase(cap, [cap.scope_name(s) for s in scope_stack_at(cap.raw, row)])
+    found, walk = estimates(cap.plans, cap.graphs, device)
     return Measured(
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
-        buffer_level=bool(cap.graphs), estimates=estimates(cap.plans, cap.graphs, device), notes=notes,
-        **_explained(cap.plans, cap.graphs, device),
+        buffer_level=bool(cap.graphs), estimates=found, notes=notes,
+        estimate_at_peak=walk.at_peak if walk else {}, estimate_peak_phase=walk.phase if walk else "",
     )
 
 
-def _explained(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str) -> dict[str, Any]:
-    """estimate_at_peak / estimate_peak_phase for Measured (empty when the walk does not apply)."""
-    from memprof.sweep.estimate import explain_capture_plans
-
-    try:
-        found = explain_capture_plans(plans, graphs, device) if plans else None
-    except Exception:  # an explanation is an aid; never a failed measurement
-        found = None
-    if found is None:
-        return {}
-    return {"estimate_peak_phase": found[0], "estimate_at_peak": found[1]}
-
-
-def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str) -> dict[str, float | None]:
+def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str
+              ) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
-    memprof's walk of the wrapper code (`memprof.sweep.estimate`) and Inductor's own
-    `estimate_peak_memory` (the larger of a pair's forward and backward), as torch computes it and
-    with graph outputs kept live (torch 2.11 cancels them); and the partitioner's in-tree
-    `KnapsackEvaluator` (normalized units: compare its ranking only)."""
+    memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
+    its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a
+    pair's forward and backward), as torch computes it and with graph outputs kept live (torch 2.11
+    cancels them); and the partitioner's in-tree `KnapsackEvaluator` (normalized units: compare
+    its ranking only)."""
     from memprof.sweep.estimate import estimate_capture_plans
 
     out: dict[str, float | None] = {"memprof": None, "inductor": None, "inductor (outputs kept)": None,
@@ -258,11 +250,13 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     if plans and all(p.knapsack_peak is not None for p in plans):
         out[KNAPSACK] = max(float(p.knapsack_peak or 0.0) for p in plans)
     if not plans:
-        return out
+        return out, None
+    walk: CaptureEstimate | None = None
     try:
-        out["memprof"] = estimate_capture_plans(plans, graphs, device)
+        walk = estimate_capture_plans(plans, graphs, device)
     except Exception:  # a wrapper this walk does not understand: no estimate, never a failed sweep
-        out["memprof"] = None
+        walk = None
+    out["memprof"] = walk.peak if walk else None
     for key, attr in (("inductor", "inductor_estimate"), ("inductor (outputs kept)", "inductor_estimate_kept")):
         per_plan: dict[int, list[int]] = {}
         for g in graphs:
@@ -271,4 +265,4 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
                 per_plan.setdefault(g.plan, []).append(value)
         if per_plan and len(per_plan) == len(plans):
             out[key] = max(max(v) for v in per_plan.values())
-    return out
+    return out, walk

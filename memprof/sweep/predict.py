@@ -32,7 +32,7 @@ def predict(script: Path, args: list[str], budget: float, remat: str | None) -> 
 
     from memprof.compile_hooks import PlanRecorder
     from memprof.runner import run_script
-    from memprof.sweep.measure import _explained, estimates, merge_facts, plan_facts
+    from memprof.sweep.measure import estimates, merge_facts, plan_facts
 
     notes: list[str] = []
     functorch_config.activation_memory_budget = budget
@@ -62,8 +62,8 @@ def predict(script: Path, args: list[str], budget: float, remat: str | None) -> 
     seconds = time.perf_counter() - t0
     plans, graphs = recorder.plans, recorder.graphs
     device = "cuda" if any("empty_strided_cuda" in g.source for g in graphs) else "cpu"
-    found = estimates(plans, graphs, device)
-    explained = _explained(plans, graphs, device)
+    found, walk = estimates(plans, graphs, device)
+    phase, at_peak = (walk.phase, walk.at_peak) if walk else ("", {})
     facts = merge_facts([plan_facts(p) for p in plans])
     ok = result.status in ("stopped", "completed", "exit") and result.exit_code == 0
     status = "completed" if ok else result.status
@@ -75,8 +75,8 @@ def predict(script: Path, args: list[str], budget: float, remat: str | None) -> 
             "facts": None if facts is None else facts.__dict__, "estimates": found, "compile_s": round(seconds, 2),
             "notes": notes, "step_ms": None, "buffer_level": bool(graphs),
             # no capture: what is live at the peak is memprof's estimate's (the step's own allocations)
-            "at_peak": explained.get("estimate_at_peak", {}), "peak_phase": explained.get("estimate_peak_phase", ""),
-            "at_peak_source": "estimate", **explained,
+            "at_peak": at_peak, "peak_phase": phase, "at_peak_source": "estimate",
+            "estimate_at_peak": at_peak, "estimate_peak_phase": phase,
         },
     }
 

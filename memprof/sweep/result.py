@@ -44,6 +44,16 @@ class Run:
         return PlanFacts(**f) if f else None
 
 
+def run_value(run: Run, mode: str) -> int | None:
+    """A run's point on the curve: its measured step peak ("measure"), or memprof's estimate ("predict")."""
+    if mode == "measure":
+        return run.step_peak
+    if not run.ok or run.measured is None:
+        return None
+    est = (run.measured.get("estimates") or {}).get("memprof")
+    return None if est is None else int(est)
+
+
 @dataclass
 class Diagnosis:
     """Why `flag.low` peaks above `flag.high`: selection and lifetime, from the two captures."""
@@ -69,12 +79,7 @@ class Sweep:
 
     def value(self, run: Run) -> int | None:
         """The curve's value at one run: the measured step peak, or (predict) memprof's estimate."""
-        if self.mode == "measure":
-            return run.step_peak
-        if not run.ok or run.measured is None:
-            return None
-        est = (run.measured.get("estimates") or {}).get("memprof")
-        return None if est is None else int(est)
+        return run_value(run, self.mode)
 
     def runs_of(self, variant: str) -> list[Run]:
         return sorted((r for r in self.runs if r.variant == variant), key=lambda r: r.budget)
@@ -155,7 +160,8 @@ def load_sweep(path: str | Path) -> Sweep:
                  mode=str(d.get("mode", "measure")))
 
 
-def _mb(n: float | None) -> str:
+def fmt_mb(n: float | None) -> str:
+    """Bytes as MB (1e6 B) with one decimal, "n/a" for None (the table and the diagnoses)."""
     return "n/a" if n is None else f"{n / MB:.1f}"
 
 
@@ -167,13 +173,14 @@ def _classes(d: dict[str, int], top: int = 4) -> str:
 def diagnose(variant: str, flag: Flag, low: Run, high: Run) -> Diagnosis:
     """Selection (what each plan saved and recomputed, by op class) and lifetime (recomputed bytes
     live at the peak, how long recomputed values are held), for one non-monotone pair."""
-    lines = [f"budget {flag.low:g} peaks at {_mb(flag.low_peak)} MB, {_mb(flag.excess)} MB "
-             f"({flag.ratio:.2f}x) above budget {flag.high:g} ({_mb(flag.high_peak)} MB)"]
+    lines = [f"budget {flag.low:g} peaks at {fmt_mb(flag.low_peak)} MB, {fmt_mb(flag.excess)} MB "
+             f"({flag.ratio:.2f}x) above budget {flag.high:g} ({fmt_mb(flag.high_peak)} MB)"]
     fl, fh = low.facts, high.facts
     if fl is not None and fh is not None:
-        lines.append(f"selection: {flag.low:g} saves {_mb(fl.saved_bytes)} MB ({_classes(fl.saved)}) and recomputes "
-                     f"{_mb(fl.recomputed_bytes)} MB ({_classes(fl.recomputed)}); {flag.high:g} saves "
-                     f"{_mb(fh.saved_bytes)} MB ({_classes(fh.saved)}) and recomputes {_mb(fh.recomputed_bytes)} MB")
+        lines.append(f"selection: {flag.low:g} saves {fmt_mb(fl.saved_bytes)} MB ({_classes(fl.saved)}) and "
+                     f"recomputes {fmt_mb(fl.recomputed_bytes)} MB ({_classes(fl.recomputed)}); {flag.high:g} saves "
+                     f"{fmt_mb(fh.saved_bytes)} MB ({_classes(fh.saved)}) and recomputes "
+                     f"{fmt_mb(fh.recomputed_bytes)} MB")
         moved = {c: fh.saved.get(c, 0) - fl.saved.get(c, 0) for c in OP_CLASSES}
         more = {c: b for c, b in moved.items() if b > 0}
         fewer = {c: -b for c, b in moved.items() if b < 0}
@@ -188,17 +195,17 @@ def diagnose(variant: str, flag: Flag, low: Run, high: Run) -> Diagnosis:
         mask_l, mask_h = rl.get("rng_mask", 0), rh.get("rng_mask", 0)
         phase = ml.get("peak_phase") or "?"
         peak = "predicted peak" if ml.get("at_peak_source") == "estimate" else "peak"
-        text = (f"lifetime: at {flag.low:g}'s {peak} ({phase}) {_mb(rec_l)} MB are recomputed values and "
-                f"{_mb(sav_l)} MB saved activations (at {flag.high:g}: {_mb(rec_h)} and {_mb(sav_h)} MB)")
+        text = (f"lifetime: at {flag.low:g}'s {peak} ({phase}) {fmt_mb(rec_l)} MB are recomputed values and "
+                f"{fmt_mb(sav_l)} MB saved activations (at {flag.high:g}: {fmt_mb(rec_h)} and {fmt_mb(sav_h)} MB)")
         if mask_l or mask_h:
-            text += f"; dropout masks {_mb(mask_l)} MB (at {flag.high:g}: {_mb(mask_h)} MB)"
+            text += f"; dropout masks {fmt_mb(mask_l)} MB (at {flag.high:g}: {fmt_mb(mask_h)} MB)"
         if not ml.get("buffer_level"):
             text += " (no Inductor wrapper code: recomputed values count as temporaries)"
         lines.append(text)
     if fl is not None and fl.hold is not None:
         hold_h = f"{fh.hold:.0%}" if fh is not None and fh.hold is not None else "n/a"
         lines.append(f"  recomputed values are held {fl.hold:.0%} of the backward on average, bytes-weighted "
-                     f"({_mb(fl.held_long_bytes)} MB for more than half of it); at {flag.high:g}: {hold_h}")
+                     f"({fmt_mb(fl.held_long_bytes)} MB for more than half of it); at {flag.high:g}: {hold_h}")
     if fl is not None and fl.recomputed_random:
         lines.append(f"random: {flag.low:g}'s backward redraws {len(fl.recomputed_random)} random ops (dropout masks "
                      f"differ from the forward's: wrong gradients, pytorch#190758)")

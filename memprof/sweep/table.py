@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from memprof.sweep.detect import worst_per_budget
-from memprof.sweep.result import MB, Run, Sweep
+from memprof.sweep.result import MB, Run, Sweep, fmt_mb
 
 
 def _status(r: Run) -> str:
     return r.status.upper() if r.status != "exit" else f"EXIT {r.exit_code}"
-
-
-def _mb(value: float | None) -> str:
-    return "n/a" if value is None else f"{value / MB:.1f}"
 
 
 def _est(r: Run | None, name: str) -> float | None:
@@ -48,10 +44,10 @@ def render_table(sweep: Sweep) -> str:
             elif not r.ok:
                 row += [_status(r), "-", "-"]
             elif sweep.mode == "measure":
-                row += [_mb(r.step_peak), _mb(_est(r, "memprof")), _cell_ms(r)]
+                row += [fmt_mb(r.step_peak), fmt_mb(_est(r, "memprof")), _cell_ms(r)]
             else:
                 secs = (r.measured or {}).get("compile_s")
-                row += [_mb(_est(r, "memprof")), _mb(_est(r, "inductor (outputs kept)")),
+                row += [fmt_mb(_est(r, "memprof")), fmt_mb(_est(r, "inductor (outputs kept)")),
                         "-" if secs is None else f"{secs:.0f}"]
             row += ["-" if f is None else f"{f.saved_bytes / MB:.1f}",
                     "-" if f is None else f"{f.recomputed_bytes / MB:.1f}"]
