@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,8 @@ from memprof.errors import MemprofError
 from memprof.sweep import load_sweep, non_monotone, parse_budgets, spearman, worst_per_budget
 from memprof.sweep.detect import tolerance
 from memprof.sweep.measure import measure
+from memprof.sweep.runner import group_tasks
+from memprof.sweep.spec import budget_label
 
 from .conftest import ROOT, one_line_error, run_memprof
 
@@ -70,6 +73,21 @@ def test_spearman() -> None:
     assert spearman([1, 2, 3, 4, 5], [1, 3, 2, 5, 4]) == pytest.approx(0.8)
     assert spearman([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486833, rel=1e-6)  # ties: average ranks
     assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
+
+
+def test_predict_groups_budgets_into_processes() -> None:
+    """Measured budgets run one per process; predicted ones share at most `jobs` processes, a
+    variant's budgets dealt round-robin, every budget exactly once."""
+    budgets = [0.0, 0.1, 0.2, 0.3, 0.4]
+    assert group_tasks(budgets, ["stock"], 2, share=False) == [("stock", [b]) for b in budgets]
+    assert group_tasks(budgets, ["stock"], 2, share=True) == [("stock", [0.0, 0.2, 0.4]), ("stock", [0.1, 0.3])]
+    assert group_tasks(budgets, ["stock"], 9, share=True) == [("stock", [b]) for b in budgets]
+    two = group_tasks(budgets, ["stock", "light"], 4, share=True)
+    assert [v for v, _ in two] == ["stock", "stock", "light", "light"]
+    for v in ("stock", "light"):
+        assert sorted(b for w, bs in two if w == v for b in bs) == budgets
+    assert group_tasks(budgets, ["stock", "light", "all"], 1, share=True) == [
+        ("stock", budgets), ("light", budgets), ("all", budgets)]  # never two variants in one process
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
@@ -292,20 +310,28 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
     """--predict compiles each budget and stops at the first backward: no step runs, no capture is
     written, and its estimate matches the one the measured sweep derives from its own compile
     (within 0.1%: Inductor's code differs by a few bytes with the capture's profiler scopes on), and
-    so lies within 3% of the measured step peaks."""
+    so lies within 3% of the measured step peaks. With one job both budgets share one process (one
+    script start, one Dynamo trace, one joint graph); the budget compiled beside the one the script
+    ran with compiles no kernel, and predicts to the byte what it predicts in a process of its own."""
     example = str(ROOT / "examples" / "train_llama.py")
-    common = ["--budgets", "0.0,1.0", "--jobs", "2", "--no-plot"]
-    measured = run_memprof("sweep", example, *common, "-o", "m", "--", "--no-optimizer", "--steps", "2",
+    common = ["--budgets", "0.0,1.0", "--no-plot"]
+    script_args = ["--", "--no-optimizer", "--steps", "2"]
+    measured = run_memprof("sweep", example, *common, "--jobs", "2", "-o", "m", *script_args,
                            cwd=tmp_path, timeout=900)
     assert measured.returncode == 0, measured.stderr[-3000:]
-    predicted = run_memprof("sweep", example, *common, "-o", "p", "--predict", "--", "--no-optimizer", "--steps", "2",
+    predicted = run_memprof("sweep", example, *common, "--jobs", "1", "-o", "p", "--predict", *script_args,
                             cwd=tmp_path, timeout=900)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
+    alone = subprocess.run([sys.executable, "-m", "memprof.sweep.predict", "--budget", "1.0", "--json",
+                            str(tmp_path / "alone.json"), example, *script_args], cwd=tmp_path, capture_output=True,
+                           text=True, timeout=900)
+    assert alone.returncode == 0, alone.stderr[-3000:]
     m, p = load_sweep(tmp_path / "m"), load_sweep(tmp_path / "p")
     assert p.mode == "predict" and m.mode == "measure"
     assert not list((tmp_path / "p").glob("*.memprof"))
-    for log in (tmp_path / "p" / "logs").glob("*.log"):
-        assert "step 1:" not in log.read_text()  # the script printed nothing after a backward
+    log = f"stock_{budget_label(0.0)}+1.log"  # one process
+    assert [f.name for f in (tmp_path / "p" / "logs").glob("*.log")] == [log]
+    assert "step 1:" not in (tmp_path / "p" / "logs" / log).read_text()  # the script printed nothing after a backward
     for rm, rp in zip(m.runs, p.runs, strict=True):
         assert rm.budget == rp.budget and rp.ok and rp.measured is not None and rm.measured is not None
         est = rp.measured["estimates"]["memprof"]
@@ -317,4 +343,10 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
         assert sum(rp.measured["at_peak"].values()) == est
     at_zero = next(r for r in p.runs if r.budget == 0.0).measured
     assert at_zero is not None and at_zero["at_peak"].get("recomputed", 0) > 0  # all recomputed at budget 0
+    shared = json.loads((tmp_path / "p" / "logs" / f"stock_{budget_label(1.0)}.json").read_text())
+    solo = json.loads((tmp_path / "alone.json").read_text())
+    assert shared["meta"]["group"] == [0.0, 1.0] and not shared["meta"]["ran_script"]
+    assert shared["meta"]["kernels_not_compiled"] > 0 and solo["meta"]["kernels_not_compiled"] == 0
+    for key in ("estimates", "facts", "at_peak", "peak_phase", "plans"):
+        assert shared["measured"][key] == solo["measured"][key], key
     assert "predicted MB" in predicted.stdout

@@ -18,12 +18,14 @@ import click
 @click.option("--remat", "remat", type=click.Choice(["light", "all"]), multiple=True,
               help="Also measure memprof's remat pass in this mode, side by side with stock (repeatable).")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Budgets measured at once (one process each; several GPUs are used round-robin).")
+              help="Processes at once (one budget each; several GPUs are used round-robin). With --predict, "
+                   "more budgets than jobs share the processes: one script start, Dynamo trace and joint graph each.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Output directory [default: sweep_SCRIPT_STEM].")
 @click.option("--force", is_flag=True, help="Replace an existing sweep directory.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=None,
-              help="Seconds one budget may run before it is stopped (recorded as a timeout).")
+              help="Seconds one budget may run before it is stopped (recorded as a timeout); a process "
+                   "predicting several budgets may run that long per budget.")
 @click.option("--noise-mb", type=click.FloatRange(min=0), default=1.5, show_default=True,
               help="Peak differences up to this many MB (1e6 B) are noise, not a flag.")
 @click.option("--noise-rel", type=click.FloatRange(min=0), default=0.005, show_default=True,

@@ -1,21 +1,33 @@
-"""`memprof sweep --predict`: one budget's compile-time prediction, with no training step.
+"""`memprof sweep --predict`: compile-time predictions of the step peak, with no training step.
 
-Run as `python -m memprof.sweep.predict --budget B [--remat MODE] --json OUT SCRIPT -- ARGS` (the
-sweep starts one per budget). The script runs under memprof's compile hooks (no allocation
-capture) with `torch._functorch.config.force_non_lazy_backward_lowering`, so each compiled
-region's backward is partitioned and compiled together with its forward; the first call of
-`Tensor.backward` / `torch.autograd.backward` then stops the script (a script that only calls
-`torch.autograd.grad` runs to its end). What
-ran is the compile and one forward; no backward and no optimizer step. The predictions are those
-of `memprof.sweep.measure.estimates` (memprof's walk of the wrapper code, Inductor's estimate).
+Run as `python -m memprof.sweep.predict --budget B --json OUT [--budget B2 --json OUT2 ...]
+[--remat MODE] SCRIPT -- ARGS` (the sweep starts one per group of budgets). The script runs under
+memprof's compile hooks (no allocation capture) with
+`torch._functorch.config.force_non_lazy_backward_lowering`, so each compiled region's backward is
+partitioned and compiled together with its forward; the first call of `Tensor.backward` /
+`torch.autograd.backward` then stops the script (a script that only calls `torch.autograd.grad`
+runs to its end). What ran is the compile and one forward; no backward and no optimizer step. The
+predictions are those of `memprof.sweep.measure.estimates` (memprof's walk of the wrapper code,
+Inductor's estimate, the partitioner's KnapsackEvaluator).
+
+Budgets differ only from the partitioner on, so the budgets of one process share everything before
+it: the interpreter and imports, the script up to its compile, Dynamo's trace and AOTAutograd's
+joint graph. At each compiled region (`aot_stage2_autograd`, AOTAutograd's partition-and-compile
+stage), every budget after the first is partitioned and compiled on its own copy of the joint graph,
+its kernels left uncompiled (Triton and C++ kernel compilers return placeholders: the prediction
+reads only the wrapper code, and that compiled function is dropped unrun); then the first budget is
+compiled in full, and the script runs on with it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +36,135 @@ class _Stop(BaseException):
     """Raised at the first backward call: everything it needs has been compiled."""
 
 
-def predict(script: Path, args: list[str], budget: float, remat: str | None) -> dict[str, Any]:
-    import contextlib
+class NotCompiled:
+    """A kernel Inductor was not asked to compile (a budget compiled only for its wrapper code)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"memprof --predict: kernel {self.name} was not compiled (wrapper code only)")
+
+    run = __call__
+
+
+@contextlib.contextmanager
+def kernels_not_compiled(count: list[int]) -> Iterator[None]:
+    """Within: Inductor's kernel compilers (`AsyncCompile.triton`, `.cpp`, `.cpp_pybinding`) return a
+    `NotCompiled` placeholder instead of compiling; `count[0]` counts them. Wrapper modules loaded
+    within are dropped from Inductor's in-memory module cache on the way out, so that a later full
+    compile of the same source loads real kernels."""
+    from torch._inductor.async_compile import AsyncCompile
+    from torch._inductor.codecache import PyCodeCache
+
+    def placeholder(kind: str) -> Callable[..., NotCompiled]:
+        def compile_nothing(self: Any, *args: Any, **kwargs: Any) -> NotCompiled:
+            count[0] += 1
+            name = args[0] if kind == "triton" and args and isinstance(args[0], str) else kind
+            return NotCompiled(name)
+
+        return compile_nothing
+
+    kinds = [k for k in ("triton", "cpp", "cpp_pybinding") if k in AsyncCompile.__dict__]
+    saved = {k: AsyncCompile.__dict__[k] for k in kinds}
+    cached: dict[str, Any] = getattr(PyCodeCache, "modules_no_attr", {})
+    before = set(cached)
+    for k in kinds:
+        setattr(AsyncCompile, k, placeholder(k))
+    try:
+        yield
+    finally:
+        for k, f in saved.items():
+            setattr(AsyncCompile, k, f)
+        for path in set(cached) - before:
+            cached.pop(path, None)
+
+
+@dataclass
+class _Book:
+    """Which budget's compile recorded each plan and graph, and the seconds each one's took."""
+
+    recorder: Any
+    plan_owner: dict[int, float] = field(default_factory=dict)
+    graph_owner: dict[int, float] = field(default_factory=dict)
+    seconds: dict[float, float] = field(default_factory=dict)
+    errors: dict[float, str] = field(default_factory=dict)
+    kernels_skipped: dict[float, int] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def compiling(self, budget: float) -> Iterator[None]:
+        plans, graphs, t0 = len(self.recorder.plans), len(self.recorder.graphs), time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[budget] = self.seconds.get(budget, 0.0) + time.perf_counter() - t0
+            self.plan_owner.update(dict.fromkeys(range(plans, len(self.recorder.plans)), budget))
+            self.graph_owner.update(dict.fromkeys(range(graphs, len(self.recorder.graphs)), budget))
+
+
+def _copies(aot_state: Any, capture: Any) -> tuple[Any, Any]:
+    """An AOTState and AOTGraphCapture for one more partition of the same joint graph: the graph
+    copied as AOTAutograd copies its backward (node metadata shared, not copied), the metadata's
+    containers copied (partitioning writes into them), the inputs' lists copied."""
+    import copy
+    import dataclasses
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        gm = copy.deepcopy(capture.graph_module)
+    args = capture.updated_flat_args
+    args = tuple(list(a) for a in args) if isinstance(args, tuple) else list(args)
+    meta = copy.copy(aot_state.fw_metadata)
+    for k, v in vars(meta).items():
+        if isinstance(v, dict | list | set):
+            object.__setattr__(meta, k, copy.copy(v))
+    return dataclasses.replace(aot_state, fw_metadata=meta), dataclasses.replace(capture, graph_module=gm,
+                                                                                 updated_flat_args=args)
+
+
+def sharing_available() -> bool:
+    """Whether this torch has the stage that several budgets can share a process through."""
+    try:
+        import torch._functorch._aot_autograd.graph_compile as graph_compile
+        from torch._inductor.async_compile import AsyncCompile
+    except ImportError:
+        return False
+    return callable(getattr(graph_compile, "aot_stage2_autograd", None)) and hasattr(AsyncCompile, "triton")
+
+
+def _share_joint_graph(book: _Book, first: float, others: Sequence[float]) -> Callable[[], None]:
+    """Patch AOTAutograd's partition-and-compile stage to compile `others` before `first`; returns
+    the undo."""
+    import torch._functorch._aot_autograd.graph_compile as graph_compile
+    import torch._functorch.config as functorch_config
+
+    original = graph_compile.aot_stage2_autograd
+
+    def stage2(aot_state: Any, capture: Any, partition_fn: Any, fw_compiler: Any, bw_compiler: Any) -> Any:
+        for b in others:
+            if b in book.errors:
+                continue  # failed in an earlier region: its prediction is lost anyway
+            count = [0]
+            with book.compiling(b):
+                try:
+                    state, cap = _copies(aot_state, capture)
+                    with functorch_config.patch(activation_memory_budget=b), kernels_not_compiled(count):
+                        original(state, cap, partition_fn, fw_compiler, bw_compiler)
+                except Exception as exc:
+                    book.errors[b] = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
+            book.kernels_skipped[b] = book.kernels_skipped.get(b, 0) + count[0]
+        with book.compiling(first):
+            return original(aot_state, capture, partition_fn, fw_compiler, bw_compiler)
+
+    graph_compile.aot_stage2_autograd = stage2  # type: ignore[assignment]
+    return lambda: setattr(graph_compile, "aot_stage2_autograd", original)
+
+
+def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str | None) -> list[dict[str, Any]]:
+    """One result per budget (the JSON each writes), in the order given; the first budget is the
+    one the script runs with."""
+    import dataclasses
 
     import torch
     import torch._functorch.config as functorch_config
@@ -34,10 +173,17 @@ def predict(script: Path, args: list[str], budget: float, remat: str | None) -> 
     from memprof.runner import run_script
     from memprof.sweep.measure import estimates, merge_facts, plan_facts
 
+    if not budgets:
+        raise ValueError("no budget to predict")
+    first, others = budgets[0], list(budgets[1:])
+    sharing = sharing_available()
+    if others and not sharing:
+        raise RuntimeError("this torch has no AOTAutograd stage to share between budgets: predict one per process")
     notes: list[str] = []
-    functorch_config.activation_memory_budget = budget
+    functorch_config.activation_memory_budget = first
     functorch_config.force_non_lazy_backward_lowering = True
     recorder = PlanRecorder(time.perf_counter_ns, notes.append, knapsack_evaluator=True)
+    book = _Book(recorder)
     originals = (torch.Tensor.backward, torch.autograd.backward)
 
     def stop(*_a: Any, **_k: Any) -> Any:
@@ -51,6 +197,8 @@ def predict(script: Path, args: list[str], budget: float, remat: str | None) -> 
     t0 = time.perf_counter()
     with remat_ctx:
         recorder.install()
+        # with no stage to share (another torch), one budget alone still runs, its compile timed as a whole
+        unshare = _share_joint_graph(book, first, others) if sharing else (lambda: None)
         # not torch.autograd.grad: AOTAutograd traces the joint graph with it
         torch.Tensor.backward = stop  # type: ignore[method-assign]
         torch.autograd.backward = stop
@@ -58,43 +206,69 @@ def predict(script: Path, args: list[str], budget: float, remat: str | None) -> 
             result = run_script(script, args, stop=_Stop)
         finally:
             torch.Tensor.backward, torch.autograd.backward = originals  # type: ignore[method-assign]
+            unshare()
             recorder.uninstall()
-    seconds = time.perf_counter() - t0
-    plans, graphs = recorder.plans, recorder.graphs
-    device = "cuda" if any("empty_strided_cuda" in g.source for g in graphs) else "cpu"
-    found, walk = estimates(plans, graphs, device)
-    phase, at_peak = (walk.phase, walk.at_peak) if walk else ("", {})
-    facts = merge_facts([plan_facts(p) for p in plans])
+    total = time.perf_counter() - t0
+    shared = total - sum(book.seconds.values())  # the script, Dynamo, the joint graph: every budget's
     ok = result.status in ("stopped", "completed", "exit") and result.exit_code == 0
-    status = "completed" if ok else result.status
-    return {
-        "meta": {"status": status, "exit_code": result.exit_code, "error": result.error, "budget": budget,
-                 "remat": remat or "off", "stopped_at_backward": result.status == "stopped"},
-        "measured": {
-            "device": device, "step_peak": None, "compiled": bool(plans), "plans": len(plans),
-            "facts": None if facts is None else facts.__dict__, "estimates": found, "compile_s": round(seconds, 2),
-            "notes": notes, "step_ms": None, "buffer_level": bool(graphs),
-            # no capture: what is live at the peak is memprof's estimate's (the step's own allocations)
-            "at_peak": at_peak, "peak_phase": phase, "at_peak_source": "estimate",
-            "estimate_at_peak": at_peak, "estimate_peak_phase": phase,
-        },
-    }
+    out: list[dict[str, Any]] = []
+    for b in budgets:
+        # this budget's plans (renumbered) and graphs, and what no budget's stage compiled (inference graphs)
+        keep = [i for i in range(len(recorder.plans)) if book.plan_owner.get(i, b) == b]
+        renumber = {old: new for new, old in enumerate(keep)}
+        plans = [dataclasses.replace(recorder.plans[i], index=renumber[i]) for i in keep]
+        graphs = [dataclasses.replace(g, plan=renumber.get(g.plan) if g.plan is not None else None)
+                  for j, g in enumerate(recorder.graphs) if book.graph_owner.get(j, b) == b]
+        error = book.errors.get(b)
+        device = "cuda" if any("empty_strided_cuda" in g.source for g in graphs) else "cpu"
+        found, walk = estimates(plans, graphs, device) if error is None else ({}, None)
+        phase, at_peak = (walk.phase, walk.at_peak) if walk else ("", {})
+        facts = merge_facts([plan_facts(p) for p in plans]) if error is None else None
+        if error is not None:
+            status, code = "exception", 1
+        elif b == first:
+            status, code = ("completed" if ok else result.status), result.exit_code
+        else:  # compiled in full before the script's own failure, if any: its prediction stands
+            status, code = "completed", 0
+        out.append({
+            "meta": {"status": status, "exit_code": code, "error": error if error is not None else
+                     (result.error if b == first else None), "budget": b, "remat": remat or "off",
+                     "stopped_at_backward": result.status == "stopped", "group": list(budgets),
+                     "ran_script": b == first, "kernels_not_compiled": book.kernels_skipped.get(b, 0)},
+            "measured": {
+                "device": device, "step_peak": None, "compiled": bool(plans), "plans": len(plans),
+                "facts": None if facts is None else facts.__dict__, "estimates": found,
+                # what this budget alone would take: its own partition and compile, and the shared part
+                "compile_s": round(shared + book.seconds.get(b, 0.0), 2),
+                "own_compile_s": round(book.seconds.get(b, 0.0), 2), "shared_s": round(shared, 2),
+                "notes": notes, "step_ms": None, "buffer_level": bool(graphs),
+                # no capture: what is live at the peak is memprof's estimate's (the step's own allocations)
+                "at_peak": at_peak, "peak_phase": phase, "at_peak_source": "estimate",
+                "estimate_at_peak": at_peak, "estimate_peak_phase": phase,
+            },
+        })
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m memprof.sweep.predict")
-    p.add_argument("--budget", type=float, required=True)
+    p.add_argument("--budget", type=float, action="append", required=True,
+                   help="a budget to predict (repeatable; the first is the one the script runs with)")
+    p.add_argument("--json", action="append", required=True, help="where each budget's result goes, in order")
     p.add_argument("--remat", default=None)
-    p.add_argument("--json", required=True)
     p.add_argument("script")
     p.add_argument("args", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
+    if len(ns.json) != len(ns.budget):
+        p.error(f"{len(ns.budget)} --budget but {len(ns.json)} --json")
     args = ns.args[1:] if ns.args[:1] == ["--"] else ns.args
-    out = predict(Path(ns.script), args, ns.budget, ns.remat)
-    Path(ns.json).write_text(json.dumps(out))
-    print(f"memprof: predicted budget {ns.budget:g}: {out['measured']['estimates']} "
-          f"({out['measured']['compile_s']:.1f} s)", file=sys.stderr)
-    return 0 if out["meta"]["status"] == "completed" else 1
+    results = predict(Path(ns.script), args, ns.budget, ns.remat)
+    for path, out in zip(ns.json, results, strict=True):
+        Path(path).write_text(json.dumps(out))
+        m = out["measured"]
+        print(f"memprof: predicted budget {out['meta']['budget']:g}: {m['estimates']} "
+              f"({m['own_compile_s']:.1f} s own compile, {m['shared_s']:.1f} s shared)", file=sys.stderr)
+    return 0 if all(r["meta"]["status"] == "completed" for r in results) else 1
 
 
 if __name__ == "__main__":

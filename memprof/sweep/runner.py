@@ -1,4 +1,6 @@
-"""Running a sweep: one `memprof trace` process per (variant, budget), `jobs` at a time.
+"""Running a sweep: one `memprof trace` process per (variant, budget), `jobs` at a time; with
+--predict, at most `jobs` processes, several budgets of a variant sharing one where there are more
+budgets than jobs (`memprof.sweep.predict`).
 
 Each process writes its capture and a small JSON of what `memprof.sweep.measure` found (computed
 in the child, from the capture still in memory). A process that fails is recorded with its status
@@ -77,33 +79,40 @@ class _Pool:
                 p.kill()
 
 
-def _run_one(pool: _Pool, out: Path, script: str, args: Sequence[str], variant: str, budget: float,
-             gpu: str | None, timeout: float | None, extra_env: dict[str, str], predict: bool = False) -> Run:
-    label = f"{variant}_{budget_label(budget)}"
-    cap_name = f"{label}.memprof"
-    log_name = f"logs/{label}.log"
-    measure_path = out / "logs" / f"{label}.json"
+def _run_group(pool: _Pool, out: Path, script: str, args: Sequence[str], variant: str, budgets: Sequence[float],
+               gpu: str | None, timeout: float | None, extra_env: dict[str, str], predict: bool = False) -> list[Run]:
+    """One process: `memprof trace` for one budget, or (`predict`) `memprof.sweep.predict` for one or
+    more budgets of a variant; a Run per budget."""
+    labels = [f"{variant}_{budget_label(b)}" for b in budgets]
+    log_name = f"logs/{labels[0]}.log" if len(labels) == 1 else f"logs/{labels[0]}+{len(labels) - 1}.log"
+    measure_paths = [out / "logs" / f"{label}.json" for label in labels]
     if predict:
-        cmd = [sys.executable, "-m", "memprof.sweep.predict", "--budget", repr(budget), "--json", str(measure_path)]
+        cmd = [sys.executable, "-m", "memprof.sweep.predict"]
+        for b, path in zip(budgets, measure_paths, strict=True):
+            cmd += ["--budget", repr(b), "--json", str(path)]
     else:
-        cmd = [sys.executable, "-m", "memprof", "trace", "--budget", repr(budget), "-o", str(out / cap_name),
-               "--force", "--measure-json", str(measure_path)]
+        if len(budgets) != 1:
+            raise ValueError("a measured budget runs alone")
+        cmd = [sys.executable, "-m", "memprof", "trace", "--budget", repr(budgets[0]), "-o",
+               str(out / f"{labels[0]}.memprof"), "--force", "--measure-json", str(measure_paths[0])]
     if variant != "stock":
         cmd += ["--remat", variant]
     cmd += [script, "--", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **extra_env}
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
+    limit = None if timeout is None else timeout * len(budgets)
     t0 = time.monotonic()
     status = None
     with open(out / log_name, "wb") as log:
         with pool.lock:
             if pool.stopping:
-                return Run(variant, budget, "interrupted", None, "not started (interrupted)", None, log_name, 0.0)
+                return [Run(variant, b, "interrupted", None, "not started (interrupted)", None, log_name, 0.0)
+                        for b in budgets]
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
             pool.procs.add(proc)
         try:
-            rc = proc.wait(timeout=timeout)
+            rc = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -116,7 +125,15 @@ def _run_one(pool: _Pool, out: Path, script: str, args: Sequence[str], variant: 
         finally:
             with pool.lock:
                 pool.procs.discard(proc)
-    wall = time.monotonic() - t0
+    wall = round(time.monotonic() - t0, 2)
+    return [_collect(out, variant, b, label, path, log_name, rc, status, timeout, wall)
+            for b, label, path in zip(budgets, labels, measure_paths, strict=True)]
+
+
+def _collect(out: Path, variant: str, budget: float, label: str, measure_path: Path, log_name: str, rc: int | None,
+             status: str | None, timeout: float | None, wall: float) -> Run:
+    """One budget's Run from what its process left: the measurement JSON, else the capture."""
+    cap_name = f"{label}.memprof"
     measured: dict[str, Any] | None = None
     error: str | None = None
     meta: dict[str, Any] = {}
@@ -131,10 +148,11 @@ def _run_one(pool: _Pool, out: Path, script: str, args: Sequence[str], variant: 
         if rc is not None and rc < 0:
             status = "crashed"
     error = meta.get("error") or error
+    own_rc = meta.get("exit_code", rc) if meta else rc
     if status == "timeout":
-        error = f"stopped after {timeout:g} s (--timeout)"
-    elif rc != 0 and not error:
-        error = _last_line(out / log_name) or f"exit code {rc}"
+        error = f"stopped after {timeout:g} s (--timeout)" if timeout is not None else "stopped (timeout)"
+    elif own_rc != 0 and not error:
+        error = _last_line(out / log_name) or f"exit code {own_rc}"
     capture = cap_name if (out / cap_name).exists() else None
     if measured is None and capture is not None:
         try:  # the child could not measure (or died after saving): measure the saved capture here
@@ -146,9 +164,25 @@ def _run_one(pool: _Pool, out: Path, script: str, args: Sequence[str], variant: 
             meta = {**cap.meta, **meta}
         except Exception as exc:
             error = error or f"capture unreadable ({type(exc).__name__}: {exc})"
-    if status == "completed" and rc != 0:
+    if status == "completed" and own_rc != 0:
         status = "exit"
-    return Run(variant, budget, status, rc, error, capture, log_name, round(wall, 2), measured)
+    return Run(variant, budget, status, own_rc, error, capture, log_name, wall, measured)
+
+
+def group_tasks(budgets: Sequence[float], variants: Sequence[str], jobs: int, share: bool
+                ) -> list[tuple[str, list[float]]]:
+    """The processes of a sweep: (variant, budgets). Alone, one budget each; with `share` (--predict
+    where this torch allows it), as many processes as `jobs` allows, each budget of a variant dealt
+    round-robin to that variant's processes (processes split between variants by their budgets)."""
+    if not share:
+        return [(v, [b]) for b in budgets for v in variants]
+    total = len(budgets) * len(variants)
+    procs = min(max(1, jobs), total)
+    groups: list[tuple[str, list[float]]] = []
+    for v in variants:
+        n = max(1, min(len(budgets), round(procs * len(budgets) / total)))
+        groups += [(v, list(budgets[i::n])) for i in range(n)]
+    return groups
 
 
 def _last_line(path: Path) -> str | None:
@@ -173,32 +207,41 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
     if noise is not None:
         sweep.noise = dict(noise)
     gpus = _gpus()
-    tasks = [(v, b) for b in budgets for v in variants]
+    share = False
+    if predict and len(budgets) * len(variants) > jobs:
+        from memprof.sweep.predict import sharing_available
+
+        share = sharing_available()
+    groups = group_tasks(budgets, variants, jobs, share)
     env = dict(env or {})
     if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ and "TORCHINDUCTOR_COMPILE_THREADS" not in env:
         # the cores are shared by the jobs: each process compiles Triton kernels with its share
         # (Inductor's default, a pool of one worker per core in each of N processes, oversubscribes)
-        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(tasks)))))
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(groups)))))
+    if share:
+        sweep.notes.append(f"{len(budgets) * len(variants)} budgets predicted in {len(groups)} processes: the budgets "
+                           "of a process share the script's start, Dynamo's trace and the joint graph")
     pool = _Pool()
     lock = threading.Lock()
 
-    def task(i: int) -> Run:
-        v, b = tasks[i]
+    def task(i: int) -> list[Run]:
+        v, bs = groups[i]
         gpu = gpus[i % len(gpus)] if len(gpus) > 1 else None
         try:
-            run = _run_one(pool, out, script, args, v, b, gpu, timeout, env, predict)
+            runs = _run_group(pool, out, script, args, v, bs, gpu, timeout, env, predict)
         except OSError as exc:
-            run = Run(v, b, "crashed", None, f"could not start: {exc}", None, "", 0.0)
+            runs = [Run(v, b, "crashed", None, f"could not start: {exc}", None, "", 0.0) for b in bs]
         with lock:
-            sweep.runs.append(run)
+            sweep.runs.extend(runs)
             sweep.save(out)
         if progress is not None:
-            progress(run)
-        return run
+            for run in runs:
+                progress(run)
+        return runs
 
     executor = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        futures = [executor.submit(task, i) for i in range(len(tasks))]
+        futures = [executor.submit(task, i) for i in range(len(groups))]
         for f in futures:
             while True:
                 try:

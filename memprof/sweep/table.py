@@ -29,7 +29,7 @@ def render_table(sweep: Sweep) -> str:
         if sweep.mode == "measure":
             head += [f"{v} peak MB", f"{v} est MB", f"{v} step ms", f"{v} saved MB", f"{v} recomputed MB"]
         else:
-            head += [f"{v} predicted MB", f"{v} Inductor est MB", f"{v} compile s", f"{v} saved MB",
+            head += [f"{v} predicted MB", f"{v} Inductor est (outputs kept) MB", f"{v} compile s", f"{v} saved MB",
                      f"{v} recomputed MB"]
     head += ["flags"]
     rows = [head, ["---"] * len(head)]
