@@ -3,6 +3,7 @@ gradients kept allocated (the reference measurement), compiled with aot_eager (f
 
     python tests/sweep_train.py [--layers 6] [--d 128] [--seq 256] [--steps 3] [--backend aot_eager] [--eager]
     python tests/sweep_train.py --crash-below 0.02    # raise inside the step when the budget is below 0.02
+    python tests/sweep_train.py --crash-before-backward  # raise between the first forward and its backward
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> None:
     p.add_argument("--backend", default="aot_eager")
     p.add_argument("--eager", action="store_true", help="never call torch.compile")
     p.add_argument("--crash-below", type=float, default=None)
+    p.add_argument("--crash-before-backward", action="store_true")
     args = p.parse_args()
     torch.manual_seed(0)
     model = TinyLlama(layers=args.layers, d=args.d, heads=4, mlp=int(args.d * 2.7), vocab=128)
@@ -31,6 +33,8 @@ def main() -> None:
     fn = model if args.eager else torch.compile(model, backend=args.backend)
     for _ in range(args.steps):
         loss = projection_loss(fn(ids))
+        if args.crash_before_backward:
+            raise RuntimeError("deliberate failure before the backward")
         loss.backward()
         if args.crash_below is not None and functorch_config.activation_memory_budget < args.crash_below:
             raise RuntimeError(f"deliberate failure at budget {functorch_config.activation_memory_budget}")

@@ -12,8 +12,10 @@ Each mode runs in its own process, one compile per budget (torch._dynamo.reset b
 - plain (CUDA only): no memprof at all; `torch.cuda.max_memory_allocated()` around each step
   minus the memory allocated before it (shared/reference's method).
 The step peak is the most allocated during a forward+backward above the step's start (gradients
-kept allocated), the last of the measured steps; for inside/outside it comes from the capture.
-The last output is the table (bytes; "same" when every mode agrees to the byte).
+kept allocated), the last of the measured steps; for inside/outside it comes from the capture and,
+on CUDA, also from the allocator's own counters around the same step (so a difference can be told
+apart: between modes, the program changed; between a mode's capture and allocator, the measurement).
+The last output is the table (bytes; "same" when every column agrees to the byte).
 """
 
 from __future__ import annotations
@@ -55,27 +57,30 @@ def _worker(ns: argparse.Namespace) -> None:
     size = ex.PAPER if ns.paper else ex.SMALL
     changes = {k: v for k, v in (("layers", ns.layers), ("seq", ns.seq)) if v is not None}
     size = dataclasses.replace(size, **changes)
-    results: list[tuple[float, int]] = []
+    cuda = device == "cuda"
+    results: list[tuple[float, int, int | None]] = []  # budget, step peak, the allocator's (CUDA)
     for budget in (float(b) for b in ns.budgets.split(",")):
         torch._dynamo.reset()
         model, ids = ex.build(size, device)
         fn = torch.compile(model)
         functorch_config.activation_memory_budget = budget
+        allocator: list[int] = []
 
-        def step(fn: Any = fn, model: Any = model, ids: Any = ids) -> None:
-            fn(input_ids=ids).last_hidden_state.sum().backward()
-            model.zero_grad(set_to_none=False)
-
-        if ns.mode == "plain":
-            peaks = []
-            for _ in range(ns.steps + 1):
+        def step(fn: Any = fn, model: Any = model, ids: Any = ids, allocator: list[int] = allocator) -> None:
+            if cuda:  # what the caching allocator says, around the same step
                 torch.cuda.synchronize()
                 base = torch.cuda.memory_allocated()
                 torch.cuda.reset_peak_memory_stats()
-                step()
+            fn(input_ids=ids).last_hidden_state.sum().backward()
+            model.zero_grad(set_to_none=False)
+            if cuda:
                 torch.cuda.synchronize()
-                peaks.append(torch.cuda.max_memory_allocated() - base)
-            results.append((budget, peaks[-1]))
+                allocator.append(torch.cuda.max_memory_allocated() - base)
+
+        if ns.mode == "plain":
+            for _ in range(ns.steps + 1):
+                step()
+            results.append((budget, allocator[-1], allocator[-1]))
             continue
         import memprof
         from memprof.sweep.measure import measure
@@ -87,7 +92,7 @@ def _worker(ns: argparse.Namespace) -> None:
                 step()
                 memprof.step()
         m = measure(cap, attribution=False)
-        results.append((budget, m.step_peaks[-1]))
+        results.append((budget, m.step_peaks[-1], allocator[-1] if allocator else None))
     print("RESULT " + json.dumps(results), flush=True)
 
 
@@ -110,22 +115,26 @@ def main() -> int:
     modes = MODES if torch.cuda.is_available() else MODES[:2]
     argv = [sys.executable, __file__, *sys.argv[1:]]
     procs = {m: subprocess.Popen([*argv, "--worker", m], stdout=subprocess.PIPE, text=True, cwd=ROOT) for m in modes}
-    found: dict[str, dict[float, int]] = {}
+    found: dict[str, dict[float, tuple[int, int | None]]] = {}
     for m, proc in procs.items():
         out, _ = proc.communicate()
         line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
             print(f"check_observer_effect: the {m} worker failed (exit {proc.returncode})", file=sys.stderr)
             return 1
-        found[m] = {float(b): int(v) for b, v in json.loads(line.removeprefix("RESULT "))}
-    rows: list[list[Any]] = []
+        found[m] = {float(b): (int(v), a) for b, v, a in json.loads(line.removeprefix("RESULT "))}
+    # the capture's step peak in each capturing mode, and on CUDA what the allocator says of the same
+    # step (max_memory_allocated above the step's start): a difference between modes in the first
+    # is the program changing; between a mode's two columns, the measurement
+    cols = [(m, 0) for m in modes if m != "plain"]
+    if "plain" in modes:
+        cols = [c for m in modes if m != "plain" for c in ((m, 0), (m, 1))] + [("plain", 1)]
+    print("| budget | " + " | ".join(f"{m} {'allocator' if i else 'capture'} B" for m, i in cols) + " | |")
+    print("|" + "---|" * (len(cols) + 2))
     for b in sorted(found[modes[0]]):
-        values = [found[m].get(b) for m in modes]
-        rows.append([f"{b:g}", *values, "same" if len(set(values)) == 1 else "DIFFERENT"])
-    print("| budget | " + " | ".join(f"{m} B" for m in modes) + " | |")
-    print("|" + "---|" * (len(modes) + 2))
-    for r in rows:
-        print("| " + " | ".join(str(x) for x in r) + " |")
+        values = [found[m].get(b, (None, None))[i] for m, i in cols]
+        print("| " + " | ".join(str(x) for x in [f"{b:g}", *values,
+                                                   "same" if len(set(values)) == 1 else "DIFFERENT"]) + " |")
     return 0
 
 

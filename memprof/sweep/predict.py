@@ -141,7 +141,8 @@ def _share_joint_graph(book: _Book, first: float, others: Sequence[float]) -> Ca
 
     original = graph_compile.aot_stage2_autograd
 
-    def stage2(aot_state: Any, capture: Any, partition_fn: Any, fw_compiler: Any, bw_compiler: Any) -> Any:
+    # torch 2.11: (aot_state, aot_graph_capture); 2.13 adds partition_fn, fw_compiler, bw_compiler
+    def stage2(aot_state: Any, capture: Any, *rest: Any, **kwargs: Any) -> Any:
         for b in others:
             if b in book.errors:
                 continue  # failed in an earlier region: its prediction is lost anyway
@@ -150,12 +151,12 @@ def _share_joint_graph(book: _Book, first: float, others: Sequence[float]) -> Ca
                 try:
                     state, cap = _copies(aot_state, capture)
                     with functorch_config.patch(activation_memory_budget=b), kernels_not_compiled(count):
-                        original(state, cap, partition_fn, fw_compiler, bw_compiler)
+                        original(state, cap, *rest, **kwargs)
                 except Exception as exc:
                     book.errors[b] = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
             book.kernels_skipped[b] = book.kernels_skipped.get(b, 0) + count[0]
         with book.compiling(first):
-            return original(aot_state, capture, partition_fn, fw_compiler, bw_compiler)
+            return original(aot_state, capture, *rest, **kwargs)
 
     graph_compile.aot_stage2_autograd = stage2  # type: ignore[assignment]
     return lambda: setattr(graph_compile, "aot_stage2_autograd", original)
@@ -226,13 +227,13 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
         facts = merge_facts([plan_facts(p) for p in plans]) if error is None else None
         if error is not None:
             status, code = "exception", 1
-        elif b == first:
-            status, code = ("completed" if ok else result.status), result.exit_code
-        else:  # compiled in full before the script's own failure, if any: its prediction stands
+        elif not ok:  # a later region may be missing: every budget of the process shares the script's end
+            status, code = result.status, result.exit_code or 1
+            error = result.error if b == first else f"{result.error or result.status} (the script, run with {first:g})"
+        else:
             status, code = "completed", 0
         out.append({
-            "meta": {"status": status, "exit_code": code, "error": error if error is not None else
-                     (result.error if b == first else None), "budget": b, "remat": remat or "off",
+            "meta": {"status": status, "exit_code": code, "error": error, "budget": b, "remat": remat or "off",
                      "stopped_at_backward": result.status == "stopped", "group": list(budgets),
                      "ran_script": b == first, "kernels_not_compiled": book.kernels_skipped.get(b, 0)},
             "measured": {
