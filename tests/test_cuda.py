@@ -254,3 +254,31 @@ def test_memprof_estimate_with_kernel_probes_on_cuda(budget: float) -> None:
     assert abs(est - m.step_peak) <= 0.005 * m.step_peak, (est, m.step_peak, without.peak)
     assert m.estimate_peak_phase == m.peak_phase == "backward"
     assert sum(m.estimate_at_peak.values()) == est and m.estimate_at_peak.get("workspace", 0) > 0
+
+
+def test_predicted_budgets_share_a_process_on_cuda(tmp_path: Path) -> None:
+    """`memprof.sweep.predict` with two budgets in one process on the GPU: the budget compiled
+    beside the one the script runs with compiles no Triton kernel and predicts to the byte what it
+    predicts alone; alone, only the forward's kernels are compiled (the backward never runs)."""
+    import json
+    import subprocess
+
+    script = [str(ROOT / "examples" / "train_llama.py"), "--", "--no-optimizer", "--steps", "2"]
+
+    def predict(*budgets: float) -> list[dict[str, object]]:
+        paths = [tmp_path / f"{len(budgets)}_{i}.json" for i in range(len(budgets))]
+        cmd = [sys.executable, "-m", "memprof.sweep.predict"]
+        for b, path in zip(budgets, paths, strict=True):
+            cmd += ["--budget", str(b), "--json", str(path)]
+        proc = subprocess.run([*cmd, *script], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [json.loads(p.read_text()) for p in paths]
+
+    shared = predict(0.0, 1.0)
+    (alone,) = predict(1.0)
+    assert shared[1]["meta"]["kernels"] > 0 and shared[1]["meta"]["kernels_compiled"] == 0  # type: ignore[index]
+    assert 0 < alone["meta"]["kernels_compiled"] < alone["meta"]["kernels"]  # type: ignore[index,operator]
+    for key in ("estimates", "facts", "at_peak", "peak_phase"):
+        assert shared[1]["measured"][key] == alone["measured"][key], key  # type: ignore[index]
+    assert shared[1]["measured"]["device"] == "cuda"  # type: ignore[index]
+    assert shared[0]["measured"]["estimates"]["memprof"] != alone["measured"]["estimates"]["memprof"]  # type: ignore[index]

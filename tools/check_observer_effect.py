@@ -52,6 +52,10 @@ def _worker(ns: argparse.Namespace) -> None:
     import torch
     import torch._functorch.config as functorch_config
 
+    if ns.no_gc:
+        import gc
+
+        gc.disable()
     ex = _example(ns.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size = ex.PAPER if ns.paper else ex.SMALL
@@ -104,6 +108,8 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=None)
     p.add_argument("--budgets", default="0.05,0.1")
     p.add_argument("--steps", type=int, default=2, help="measured steps after the compiling one")
+    p.add_argument("--no-gc", action="store_true",
+                   help="turn Python's cyclic garbage collector off in every mode (are cycles freed at other times?)")
     p.add_argument("--worker", choices=MODES, dest="mode", default=None, help=argparse.SUPPRESS)
     ns = p.parse_args()
     ns.budgets = ",".join(f"{b:g}" for b in parse_budgets(ns.budgets))  # the sweep's own spec syntax

@@ -10,13 +10,15 @@ runs to its end). What ran is the compile and one forward; no backward and no op
 predictions are those of `memprof.sweep.measure.estimates` (memprof's walk of the wrapper code,
 Inductor's estimate, the partitioner's KnapsackEvaluator).
 
+Kernels are compiled when first called (`LazyKernel`): the forward's as the script runs it, the
+backward's never (unless the script calls `torch.autograd.grad`, which is not stopped).
+
 Budgets differ only from the partitioner on, so the budgets of one process share everything before
 it: the interpreter and imports, the script up to its compile, Dynamo's trace and AOTAutograd's
 joint graph. At each compiled region (`aot_stage2_autograd`, AOTAutograd's partition-and-compile
-stage), every budget after the first is partitioned and compiled on its own copy of the joint graph,
-its kernels left uncompiled (Triton and C++ kernel compilers return placeholders: the prediction
-reads only the wrapper code, and that compiled function is dropped unrun); then the first budget is
-compiled in full, and the script runs on with it.
+stage), every budget after the first is partitioned and compiled on its own copy of the joint graph
+(its compiled function is dropped, never run, so none of its kernels is compiled); then the first
+budget, which the script runs on with.
 """
 
 from __future__ import annotations
@@ -36,70 +38,89 @@ class _Stop(BaseException):
     """Raised at the first backward call: everything it needs has been compiled."""
 
 
-class NotCompiled:
-    """A kernel Inductor was not asked to compile (a budget compiled only for its wrapper code)."""
+class LazyKernel:
+    """A kernel Inductor asked for, compiled at its first call (or attribute read) instead: in a
+    prediction most are never called (the backward's, every kernel of the budgets compiled beside
+    the one the script runs with)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, compile_kernel: Callable[[], Any], name: str) -> None:
+        self._compile = compile_kernel
+        self._kernel: Any = None
         self.name = name
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise RuntimeError(f"memprof --predict: kernel {self.name} was not compiled (wrapper code only)")
+    def kernel(self) -> Any:
+        if self._kernel is None:
+            k = self._compile()
+            self._kernel = k.result() if callable(getattr(k, "result", None)) else k  # a pool's future
+        return self._kernel
 
-    run = __call__
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.kernel()(*args, **kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self.kernel().run(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.kernel(), name)
 
 
 @contextlib.contextmanager
-def kernels_not_compiled(count: list[int]) -> Iterator[None]:
+def lazy_kernels(made: list[LazyKernel]) -> Iterator[None]:
     """Within: Inductor's kernel compilers (`AsyncCompile.triton`, `.cpp`, `.cpp_pybinding`) return a
-    `NotCompiled` placeholder instead of compiling; `count[0]` counts them. Wrapper modules loaded
-    within are dropped from Inductor's in-memory module cache on the way out, so that a later full
-    compile of the same source loads real kernels."""
+    `LazyKernel`, compiled when first called; each is appended to `made`."""
+    import functools
+
     from torch._inductor.async_compile import AsyncCompile
-    from torch._inductor.codecache import PyCodeCache
 
-    def placeholder(kind: str) -> Callable[..., NotCompiled]:
-        def compile_nothing(self: Any, *args: Any, **kwargs: Any) -> NotCompiled:
-            count[0] += 1
+    def deferred(kind: str, compile_now: Callable[..., Any]) -> Callable[..., LazyKernel]:
+        def compile_later(self: Any, *args: Any, **kwargs: Any) -> LazyKernel:
             name = args[0] if kind == "triton" and args and isinstance(args[0], str) else kind
-            return NotCompiled(name)
+            made.append(LazyKernel(functools.partial(compile_now, self, *args, **kwargs), str(name)))
+            return made[-1]
 
-        return compile_nothing
+        return compile_later
 
     kinds = [k for k in ("triton", "cpp", "cpp_pybinding") if k in AsyncCompile.__dict__]
     saved = {k: AsyncCompile.__dict__[k] for k in kinds}
-    cached: dict[str, Any] = getattr(PyCodeCache, "modules_no_attr", {})
-    before = set(cached)
     for k in kinds:
-        setattr(AsyncCompile, k, placeholder(k))
+        setattr(AsyncCompile, k, deferred(k, saved[k]))
     try:
         yield
     finally:
         for k, f in saved.items():
             setattr(AsyncCompile, k, f)
-        for path in set(cached) - before:
-            cached.pop(path, None)
 
 
 @dataclass
 class _Book:
-    """Which budget's compile recorded each plan and graph, and the seconds each one's took."""
+    """Which budget's compile recorded each plan, graph and kernel, and the seconds each one's took."""
 
     recorder: Any
+    kernels: list[LazyKernel] = field(default_factory=list)
     plan_owner: dict[int, float] = field(default_factory=dict)
     graph_owner: dict[int, float] = field(default_factory=dict)
+    kernel_owner: dict[int, float] = field(default_factory=dict)
     seconds: dict[float, float] = field(default_factory=dict)
     errors: dict[float, str] = field(default_factory=dict)
-    kernels_skipped: dict[float, int] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:
-        plans, graphs, t0 = len(self.recorder.plans), len(self.recorder.graphs), time.perf_counter()
+        plans, graphs, kernels = len(self.recorder.plans), len(self.recorder.graphs), len(self.kernels)
+        t0 = time.perf_counter()
         try:
             yield
         finally:
             self.seconds[budget] = self.seconds.get(budget, 0.0) + time.perf_counter() - t0
             self.plan_owner.update(dict.fromkeys(range(plans, len(self.recorder.plans)), budget))
             self.graph_owner.update(dict.fromkeys(range(graphs, len(self.recorder.graphs)), budget))
+            self.kernel_owner.update(dict.fromkeys(range(kernels, len(self.kernels)), budget))
+
+    def kernel_counts(self, budget: float) -> tuple[int, int]:
+        """(kernels this budget's compile asked for, of which compiled: those the script called)."""
+        mine = [k for i, k in enumerate(self.kernels) if self.kernel_owner.get(i) == budget]
+        return len(mine), sum(k._kernel is not None for k in mine)
 
 
 def _copies(aot_state: Any, capture: Any) -> tuple[Any, Any]:
@@ -146,15 +167,13 @@ def _share_joint_graph(book: _Book, first: float, others: Sequence[float]) -> Ca
         for b in others:
             if b in book.errors:
                 continue  # failed in an earlier region: its prediction is lost anyway
-            count = [0]
             with book.compiling(b):
                 try:
                     state, cap = _copies(aot_state, capture)
-                    with functorch_config.patch(activation_memory_budget=b), kernels_not_compiled(count):
+                    with functorch_config.patch(activation_memory_budget=b):
                         original(state, cap, *rest, **kwargs)
                 except Exception as exc:
                     book.errors[b] = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
-            book.kernels_skipped[b] = book.kernels_skipped.get(b, 0) + count[0]
         with book.compiling(first):
             return original(aot_state, capture, *rest, **kwargs)
 
@@ -190,25 +209,23 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
     def stop(*_a: Any, **_k: Any) -> Any:
         raise _Stop()
 
-    remat_ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
-    if remat:
-        from memprof.remat import enable
-
-        remat_ctx = enable(remat)
     t0 = time.perf_counter()
-    with remat_ctx:
+    with contextlib.ExitStack() as undo:  # undone in reverse
+        if remat:
+            from memprof.remat import enable
+
+            undo.enter_context(enable(remat))
         recorder.install()
-        # with no stage to share (another torch), one budget alone still runs, its compile timed as a whole
-        unshare = _share_joint_graph(book, first, others) if sharing else (lambda: None)
+        undo.callback(recorder.uninstall)
+        if sharing:  # (with no stage to share, one budget alone still runs, its compile timed as a whole)
+            undo.callback(_share_joint_graph(book, first, others))
+        undo.enter_context(lazy_kernels(book.kernels))
         # not torch.autograd.grad: AOTAutograd traces the joint graph with it
         torch.Tensor.backward = stop  # type: ignore[method-assign]
         torch.autograd.backward = stop
-        try:
-            result = run_script(script, args, stop=_Stop)
-        finally:
-            torch.Tensor.backward, torch.autograd.backward = originals  # type: ignore[method-assign]
-            unshare()
-            recorder.uninstall()
+        undo.callback(setattr, torch.Tensor, "backward", originals[0])
+        undo.callback(setattr, torch.autograd, "backward", originals[1])
+        result = run_script(script, args, stop=_Stop)
     total = time.perf_counter() - t0
     shared = total - sum(book.seconds.values())  # the script, Dynamo, the joint graph: every budget's
     ok = result.status in ("stopped", "completed", "exit") and result.exit_code == 0
@@ -221,6 +238,7 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
         graphs = [dataclasses.replace(g, plan=renumber.get(g.plan) if g.plan is not None else None)
                   for j, g in enumerate(recorder.graphs) if book.graph_owner.get(j, b) == b]
         error = book.errors.get(b)
+        kernels, compiled = book.kernel_counts(b)
         device = "cuda" if any("empty_strided_cuda" in g.source for g in graphs) else "cpu"
         found, walk = estimates(plans, graphs, device) if error is None else ({}, None)
         phase, at_peak = (walk.phase, walk.at_peak) if walk else ("", {})
@@ -235,7 +253,7 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
         out.append({
             "meta": {"status": status, "exit_code": code, "error": error, "budget": b, "remat": remat or "off",
                      "stopped_at_backward": result.status == "stopped", "group": list(budgets),
-                     "ran_script": b == first, "kernels_not_compiled": book.kernels_skipped.get(b, 0)},
+                     "ran_script": b == first, "kernels": kernels, "kernels_compiled": compiled},
             "measured": {
                 "device": device, "step_peak": None, "compiled": bool(plans), "plans": len(plans),
                 "facts": None if facts is None else facts.__dict__, "estimates": found,
