@@ -77,18 +77,23 @@ def test_spearman() -> None:
 
 
 def test_predict_groups_budgets_into_processes() -> None:
-    """Measured budgets run one per process; predicted ones share at most `jobs` processes, a
-    variant's budgets dealt round-robin, every budget exactly once."""
+    """Measured budgets run one per process; predicted ones share processes, as few budgets each as
+    `jobs` allows and evenly (the largest group sets the wall time), a variant's budgets dealt
+    round-robin, every budget exactly once, never two variants in one process."""
     budgets = [0.0, 0.1, 0.2, 0.3, 0.4]
     assert group_tasks(budgets, ["stock"], 2, share=False) == [("stock", [b]) for b in budgets]
     assert group_tasks(budgets, ["stock"], 2, share=True) == [("stock", [0.0, 0.2, 0.4]), ("stock", [0.1, 0.3])]
     assert group_tasks(budgets, ["stock"], 9, share=True) == [("stock", [b]) for b in budgets]
+    assert group_tasks(budgets, ["stock"], 4, share=True) == [  # 2 each: 3 processes, not 4 of 2, 1, 1, 1
+        ("stock", [0.0, 0.3]), ("stock", [0.1, 0.4]), ("stock", [0.2])]
+    paper = group_tasks([i / 100 for i in range(25)] + [1.0], ["stock"], 16, share=True)
+    assert len(paper) == 13 and {len(bs) for _, bs in paper} == {2}
     two = group_tasks(budgets, ["stock", "light"], 4, share=True)
-    assert [v for v, _ in two] == ["stock", "stock", "light", "light"]
+    assert [(v, len(bs)) for v, bs in two] == [("stock", 3), ("stock", 2), ("light", 3), ("light", 2)]
     for v in ("stock", "light"):
         assert sorted(b for w, bs in two if w == v for b in bs) == budgets
     assert group_tasks(budgets, ["stock", "light", "all"], 1, share=True) == [
-        ("stock", budgets), ("light", budgets), ("all", budgets)]  # never two variants in one process
+        ("stock", budgets), ("light", budgets), ("all", budgets)]
 
 
 def test_bad_input_is_one_line(tmp_path: Path) -> None:

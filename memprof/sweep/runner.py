@@ -171,16 +171,17 @@ def _collect(out: Path, variant: str, budget: float, label: str, measure_path: P
 
 def group_tasks(budgets: Sequence[float], variants: Sequence[str], jobs: int, share: bool
                 ) -> list[tuple[str, list[float]]]:
-    """The processes of a sweep: (variant, budgets). Alone, one budget each; with `share` (--predict
-    where this torch allows it), as many processes as `jobs` allows, each budget of a variant dealt
-    round-robin to that variant's processes (processes split between variants by their budgets)."""
+    """The processes of a sweep: (variant, budgets). Alone, one budget each. With `share` (--predict
+    where this torch allows it), k = ceil(budgets / jobs) budgets per process, a variant's budgets
+    dealt round-robin to ceil(its budgets / k) processes: the largest group sets the wall time, so
+    the processes are as even as k allows and no more of them compete for the cores than that needs
+    (26 budgets, 16 jobs: 13 processes of 2)."""
     if not share:
         return [(v, [b]) for b in budgets for v in variants]
-    total = len(budgets) * len(variants)
-    procs = min(max(1, jobs), total)
+    per = -(-len(budgets) * len(variants) // max(1, jobs))
     groups: list[tuple[str, list[float]]] = []
     for v in variants:
-        n = max(1, min(len(budgets), round(procs * len(budgets) / total)))
+        n = -(-len(budgets) // per)
         groups += [(v, list(budgets[i::n])) for i in range(n)]
     return groups
 
