@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import gc
 import os
 import platform
 import sys
@@ -21,7 +22,16 @@ from memprof._events import EVENT_DTYPE, KIND_NAMES, Kind, device_name
 from memprof._native import native
 from memprof.errors import MemprofError
 from memprof.plans import CompiledGraph, Plan
-from memprof.timeline import StepStat, Timeline, build_timeline, scope_stack_at, step_stats
+from memprof.timeline import (
+    GC_START,
+    GC_STOP,
+    StepStat,
+    Timeline,
+    build_timeline,
+    gc_freed_positions,
+    scope_stack_at,
+    step_stats,
+)
 
 # RecordFunction scope sets (csrc/capture.h ScopeBits): "ops" records every aten op,
 # autograd node and Inductor kernel launch; "graphs" only compiled-graph calls and user
@@ -185,6 +195,11 @@ class Capture:
             )
             for i, r in ((int(i), int(rows[i])) for i in order)
         ]
+
+    def gc_freed(self, device: str | None = None) -> np.ndarray:
+        """Timeline positions (`timeline(device)`) of the frees Python's cyclic garbage collector made
+        during the capture: tensors that lived in reference cycles (`timeline.gc_freed_positions`)."""
+        return gc_freed_positions(self.raw, self.timeline(device), self.strings)
 
     def live_at_peak(self, device: str | None = None) -> list[LiveAllocation]:
         """The live set at the device's peak: each live allocation with bytes, time and scope."""
@@ -358,6 +373,14 @@ class _Recorder:
             self.meta["plans"] = "recorded (Inductor and AOTAutograd caches off during the capture)"
         else:
             self.meta["plans"] = "off"
+        # Python's cyclic garbage collector: a mark at the start and stop of every collection, so that
+        # what it frees (tensors held in reference cycles, freed whenever a collection happens to run)
+        # is told apart from frees at a tensor's last reference (timeline.gc_freed_positions)
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            C.mark(GC_START if phase == "start" else GC_STOP)
+
+        gc.callbacks.append(on_gc)
+        self._undo.append(lambda: gc.callbacks.remove(on_gc))
         # Steps: one marker per optimizer step unless the script calls memprof.step().
         from torch.optim.optimizer import register_optimizer_step_post_hook
 

@@ -54,8 +54,12 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
         for c in joins:
             if c.level != "buffer":
                 reasons[c.reason] += 1
+        gc_pos = cap.gc_freed(dev)
+        gc_rows = tl.rows[gc_pos]
         devices.append({
             "device": dev,
+            # frees by Python's cyclic garbage collector (tensors in reference cycles): count, bytes
+            "gc_freed": {"count": len(gc_pos), "bytes": int(-tl.delta[gc_pos].sum())},
             "categories_at_peak": categories,
             "graph_calls": {"total": len(joins), "buffer_level": sum(c.level == "buffer" for c in joins),
                             "kernel_level": dict(reasons)},
@@ -78,7 +82,8 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
             "scopes": [{"scope": s, "bytes": b, "count": c} for s, (b, c) in scopes],
             "steps": [
                 {"step": s.step, "peak_bytes": s.peak, "allocated_at_end": s.allocated_at_end,
-                 "reserved_at_end": s.reserved_at_end, "complete": s.complete}
+                 "reserved_at_end": s.reserved_at_end, "complete": s.complete,
+                 "gc_freed_bytes": int(-tl.delta[gc_pos[(gc_rows >= s.start_row) & (gc_rows < s.end_row)]].sum())}
                 for s in cap.steps(dev)
             ],
         })

@@ -6,6 +6,7 @@ nothing prints or reads files.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -290,3 +291,36 @@ def scope_slices(raw: np.ndarray, t_stop_ns: int) -> list[Slice]:
             s, t0 = stack.pop()
             out.append(Slice(thread, s, t0, max(t0, t_stop_ns), len(stack), False))
     return out
+
+
+# Marks (Kind.MARK) the capture writes at the start and end of every collection of Python's cyclic
+# garbage collector (gc.callbacks)
+GC_START = "python gc: start"
+GC_STOP = "python gc: stop"
+
+
+def gc_freed_positions(raw: np.ndarray, timeline: Timeline, strings: Sequence[str]) -> np.ndarray:
+    """Timeline positions of the frees Python's cyclic garbage collector made: frees on the thread
+    of a collection, between its start and stop marks (tensors held in reference cycles, freed when
+    a collection happens to run rather than when their last reference goes)."""
+    start_ids = [i for i, s in enumerate(strings) if s == GC_START]
+    stop_ids = [i for i, s in enumerate(strings) if s == GC_STOP]
+    marks = np.flatnonzero(raw["kind"] == Kind.MARK)
+    if not start_ids or len(marks) == 0 or len(timeline.rows) == 0:
+        return np.zeros(0, np.int64)
+    ids = raw["scope"][marks]
+    is_start, is_stop = np.isin(ids, start_ids), np.isin(ids, stop_ids)
+    frees = np.flatnonzero(~timeline.is_alloc)
+    free_rows = timeline.rows[frees]
+    free_threads = raw["thread"][free_rows]
+    inside = np.zeros(len(frees), dtype=bool)
+    open_at: dict[int, int] = {}
+    for row, start, stop in zip(marks.tolist(), is_start.tolist(), is_stop.tolist(), strict=True):
+        thread = int(raw["thread"][row])
+        if start:
+            open_at[thread] = row
+        elif stop and thread in open_at:
+            begin = open_at.pop(thread)
+            lo, hi = np.searchsorted(free_rows, [begin, row])
+            inside[lo:hi] |= free_threads[lo:hi] == thread
+    return frees[inside]

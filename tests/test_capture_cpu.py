@@ -107,6 +107,39 @@ def test_explicit_steps_replace_optimizer_steps() -> None:
     assert memprof.step() == 0  # no capture active
 
 
+def test_frees_by_the_cyclic_garbage_collector_are_told_apart() -> None:
+    """A tensor in a reference cycle is freed when a collection runs, not at its last reference:
+    the capture marks every collection, and the frees inside one on its thread are the collector's,
+    to the byte, per step; the summary, the text report and the sweep's measurement say so."""
+    import gc
+
+    from memprof.summary import summarize
+    from memprof.sweep.measure import measure
+
+    gc.collect()
+    with memprof.capture() as cap:
+        for _ in range(3):
+            held = {"t": torch.empty(1000, dtype=torch.float32)}
+            held["self"] = held  # a cycle: only the collector frees it
+            plain = torch.empty(500, dtype=torch.float32)  # freed at its last reference
+            del held, plain
+            gc.collect()
+            memprof.step()
+    tl = cap.timeline("cpu")
+    assert tl.delta[cap.gc_freed("cpu")].tolist() == [-4000, -4000, -4000]
+    assert int((tl.delta < 0).sum()) == 6  # the three 2000-byte frees are not the collector's
+    dev = summarize(cap)["devices"][0]
+    assert dev["gc_freed"] == {"count": 3, "bytes": 12000}
+    assert [st["gc_freed_bytes"] for st in dev["steps"]] == [4000, 4000, 4000]
+    assert "cyclic garbage collector freed 3 allocations (12.0 kB, in 3 of 3 steps)" in render("text", cap)
+    assert measure(cap).gc_freed == 4000
+    with memprof.capture() as quiet:  # no cycle: nothing is the collector's
+        t = torch.empty(100)
+        del t
+        gc.collect()
+    assert len(quiet.gc_freed("cpu")) == 0 and "cyclic garbage" not in render("text", quiet)
+
+
 def test_max_events_bounds_memory_and_counts_drops() -> None:
     with memprof.capture(max_events=10) as cap:
         for _ in range(20):

@@ -73,6 +73,14 @@ def format_summary(s: dict[str, Any]) -> str:
             peaks = [st["peak_bytes"] for st in complete]
             lines.append(f"  {len(complete)} steps: peak per step {fmt_bytes(min(peaks))} .. {fmt_bytes(max(peaks))}"
                          f" (step {complete[peaks.index(max(peaks))]['step']} highest)")
+        freed = d.get("gc_freed") or {}
+        if freed.get("count"):
+            in_steps = [st for st in complete if st.get("gc_freed_bytes")]
+            where = f", in {len(in_steps)} of {len(complete)} steps" if complete else ""
+            lines.append(f"  Python's cyclic garbage collector freed {freed['count']:,} allocations "
+                         f"({fmt_bytes(freed['bytes'])}{where}): tensors held in reference cycles, freed when a "
+                         "collection happens to run, so the peak can move with unrelated Python code; "
+                         "gc.disable() during steps and gc.collect() between them makes it repeatable")
         if d["inferred_sizes"]:
             lines.append(f"  note: {d['inferred_sizes']} allocation sizes inferred from requested sizes "
                          "(seen only by the CUDA tracker)")

@@ -140,6 +140,9 @@ class Measured:
     # step's own allocations); in a --predict sweep these are at_peak and peak_phase themselves
     estimate_at_peak: dict[str, int] = field(default_factory=dict)
     estimate_peak_phase: str = ""
+    # the most Python's cyclic garbage collector freed in one measured step (tensors in reference
+    # cycles: the peak depends on when collections run)
+    gc_freed: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -206,6 +209,10 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         times.append((t1 - t0) / 1e6)
     measured = slice(1, None) if len(windows) >= 2 else slice(None)
     ex, tm, pp = excess[measured], times[measured], peak_pos[measured]
+    gc_pos = cap.gc_freed(device)
+    gc_rows = tl.rows[gc_pos]
+    gc_freed = max((int(-tl.delta[gc_pos[(gc_rows >= a) & (gc_rows < b)]].sum()) for a, b, _t0, _t1 in
+                    windows[measured]), default=0)
     step_peak = int(statistics.median_low(ex)) if ex else None
     notes: list[str] = []
     facts = merge_facts([plan_facts(p) for p in cap.plans])
@@ -232,6 +239,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=found, notes=notes,
         estimate_at_peak=walk.at_peak if walk else {}, estimate_peak_phase=walk.phase if walk else "",
+        gc_freed=gc_freed,
     )
 
 
