@@ -311,12 +311,14 @@ def test_memprof_estimate_on_inductor_cpu() -> None:
     assert (e0 > e1) == (m0 > m1)
 
 
-def _predict(tmp_path: Path, budgets: list[float], *script_args: str) -> tuple[int, list[dict[str, Any]]]:
+def _predict(tmp_path: Path, budgets: list[float], *script_args: str, remat: str | None = None
+             ) -> tuple[int, list[dict[str, Any]]]:
     """`python -m memprof.sweep.predict` for budgets in one process, on tests/sweep_train.py."""
     paths = [tmp_path / f"{len(list(tmp_path.iterdir()))}_{i}.json" for i in range(len(budgets))]
     cmd = [sys.executable, "-m", "memprof.sweep.predict"]
     for b, path in zip(budgets, paths, strict=True):
         cmd += ["--budget", str(b), "--json", str(path)]
+    cmd += ["--remat", remat] if remat else []
     cmd += [str(ROOT / "tests" / "sweep_train.py"), "--", "--layers", "2", "--d", "64", "--seq", "64", *script_args]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     return proc.returncode, [json.loads(path.read_text()) for path in paths]
@@ -324,8 +326,9 @@ def _predict(tmp_path: Path, budgets: list[float], *script_args: str) -> tuple[i
 
 def test_predicted_budgets_share_a_process(tmp_path: Path) -> None:
     """Budgets predicted in one process get the plans each gets alone (aot_eager: the partitioner's
-    choice, no wrapper code); when the script fails before its backward, every budget of the process
-    reports the failure, not a prediction with a region missing."""
+    choice, no wrapper code), with memprof's remat pass too; when the script fails before its
+    backward, every budget of the process reports the failure, not a prediction with a region
+    missing."""
     rc, shared = _predict(tmp_path, [0.0, 1.0, 0.3])
     assert rc == 0
     for b, got in zip([0.0, 1.0, 0.3], shared, strict=True):
@@ -335,6 +338,10 @@ def test_predicted_budgets_share_a_process(tmp_path: Path) -> None:
         assert rc_alone == 0 and alone["meta"]["group"] == [b]
         assert got["measured"]["facts"] == alone["measured"]["facts"] and got["measured"]["plans"] == 1
     assert shared[0]["measured"]["facts"] != shared[1]["measured"]["facts"]  # budgets 0 and 1 save differently
+    rc, remat = _predict(tmp_path, [0.0, 0.3], remat="light")  # memprof's remat pass on the copied joint graph
+    rc_alone, (remat_alone,) = _predict(tmp_path, [0.3], remat="light")
+    assert rc == rc_alone == 0 and remat[1]["measured"]["facts"] == remat_alone["measured"]["facts"]
+    assert remat[1]["measured"]["facts"] != shared[2]["measured"]["facts"]  # light is not stock
     rc, failed = _predict(tmp_path, [0.0, 1.0], "--crash-before-backward")
     assert rc == 1
     assert [f["meta"]["status"] for f in failed] == ["exception", "exception"]
