@@ -56,10 +56,19 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
                 reasons[c.reason] += 1
         gc_pos = cap.gc_freed(dev)
         gc_rows = tl.rows[gc_pos]
+        gc_scopes: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # what allocated them
+        for free_pos in gc_pos.tolist():
+            alloc_pos = int(tl.alloc_of[free_pos])
+            scope = (cap.scope_name(int(raw["scope"][tl.rows[alloc_pos]])) if alloc_pos >= 0
+                     else "allocated before the capture")
+            gc_scopes[scope or "(no scope)"][0] += -int(tl.delta[free_pos])
+            gc_scopes[scope or "(no scope)"][1] += 1
         devices.append({
             "device": dev,
             # frees by Python's cyclic garbage collector (tensors in reference cycles): count, bytes
-            "gc_freed": {"count": len(gc_pos), "bytes": int(-tl.delta[gc_pos].sum())},
+            "gc_freed": {"count": len(gc_pos), "bytes": int(-tl.delta[gc_pos].sum()),
+                         "by_scope": [{"scope": k, "bytes": b, "count": c} for k, (b, c) in
+                                      sorted(gc_scopes.items(), key=lambda kv: -kv[1][0])[:top]]},
             "categories_at_peak": categories,
             "graph_calls": {"total": len(joins), "buffer_level": sum(c.level == "buffer" for c in joins),
                             "kernel_level": dict(reasons)},

@@ -129,9 +129,12 @@ def test_frees_by_the_cyclic_garbage_collector_are_told_apart() -> None:
     assert tl.delta[cap.gc_freed("cpu")].tolist() == [-4000, -4000, -4000]
     assert int((tl.delta < 0).sum()) == 6  # the three 2000-byte frees are not the collector's
     dev = summarize(cap)["devices"][0]
-    assert dev["gc_freed"] == {"count": 3, "bytes": 12000}
+    assert dev["gc_freed"] == {"count": 3, "bytes": 12000,
+                               "by_scope": [{"scope": "aten::empty", "bytes": 12000, "count": 3}]}
     assert [st["gc_freed_bytes"] for st in dev["steps"]] == [4000, 4000, 4000]
-    assert "cyclic garbage collector freed 3 allocations (12.0 kB, in 3 of 3 steps)" in render("text", cap)
+    text = render("text", cap)
+    assert "cyclic garbage collector freed 3 allocations (12.0 kB, in 3 of 3 steps)" in text
+    assert "12.0 kB  of them allocated in aten::empty (3 allocations)" in text
     assert measure(cap).gc_freed == 4000
     with memprof.capture() as quiet:  # no cycle: nothing is the collector's
         t = torch.empty(100)

@@ -81,6 +81,9 @@ def format_summary(s: dict[str, Any]) -> str:
                          f"({fmt_bytes(freed['bytes'])}{where}): tensors held in reference cycles, freed when a "
                          "collection happens to run, so the peak can move with unrelated Python code; "
                          "gc.disable() during steps and gc.collect() between them makes it repeatable")
+            for sc in freed.get("by_scope", [])[:3]:
+                lines.append(f"  {fmt_bytes(sc['bytes']):>10}  of them allocated in {sc['scope']} "
+                             f"({sc['count']} allocations)")
         if d["inferred_sizes"]:
             lines.append(f"  note: {d['inferred_sizes']} allocation sizes inferred from requested sizes "
                          "(seen only by the CUDA tracker)")
