@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -12,7 +13,7 @@ from memprof.attribution import CATEGORIES
 from memprof.capture import Capture
 from memprof.plans import Plan
 from memprof.remat.report import RematReport
-from memprof.timeline import unfollowed_count
+from memprof.timeline import freed_bytes, unfollowed_count
 
 
 def fmt_bytes(n: int | None) -> str:
@@ -40,11 +41,7 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
         live = cap.live_at_peak(dev)
         captured = sum(a.bytes for a in live)
         peak_t = int(tl.t_ns[tl.peak_pos]) if tl.peak_pos >= 0 else t0
-        by_scope: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for a in live:
-            by_scope[a.scope or "(no scope)"][0] += a.bytes
-            by_scope[a.scope or "(no scope)"][1] += 1
-        scopes = sorted(by_scope.items(), key=lambda kv: -kv[1][0])[:top]
+        scopes = _top_scopes(((a.scope, a.bytes) for a in live), top)
         labels = cap.labels(dev)
         live_pos = np.searchsorted(tl.rows, [a.row for a in live[:top]])  # rows are sorted
         categories = [{"category": r.key, "bytes": r.bytes, "count": r.count, "share": r.share}
@@ -55,20 +52,13 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
             if c.level != "buffer":
                 reasons[c.reason] += 1
         gc_pos = cap.gc_freed(dev)
-        gc_rows = tl.rows[gc_pos]
-        gc_scopes: dict[str, list[int]] = defaultdict(lambda: [0, 0])  # what allocated them
-        for free_pos in gc_pos.tolist():
-            alloc_pos = int(tl.alloc_of[free_pos])
-            scope = (cap.scope_name(int(raw["scope"][tl.rows[alloc_pos]])) if alloc_pos >= 0
-                     else "allocated before the capture")
-            gc_scopes[scope or "(no scope)"][0] += -int(tl.delta[free_pos])
-            gc_scopes[scope or "(no scope)"][1] += 1
+        gc_made = ((cap.scope_name(int(raw["scope"][tl.rows[a]])) if a >= 0 else "allocated before the capture",
+                    -int(tl.delta[p])) for p, a in zip(gc_pos.tolist(), tl.alloc_of[gc_pos].tolist(), strict=True))
         devices.append({
             "device": dev,
             # frees by Python's cyclic garbage collector (tensors in reference cycles): count, bytes
-            "gc_freed": {"count": len(gc_pos), "bytes": int(-tl.delta[gc_pos].sum()),
-                         "by_scope": [{"scope": k, "bytes": b, "count": c} for k, (b, c) in
-                                      sorted(gc_scopes.items(), key=lambda kv: -kv[1][0])[:top]]},
+            "gc_freed": {"count": len(gc_pos), "bytes": freed_bytes(tl, gc_pos),
+                         "by_scope": _top_scopes(gc_made, top)},  # by the op that allocated them
             "categories_at_peak": categories,
             "graph_calls": {"total": len(joins), "buffer_level": sum(c.level == "buffer" for c in joins),
                             "kernel_level": dict(reasons)},
@@ -88,11 +78,11 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
                  "age_ms": (peak_t - a.t_ns) / 1e6, "ptr": a.ptr}
                 for a, p in zip(live[:top], live_pos.tolist(), strict=True)
             ],
-            "scopes": [{"scope": s, "bytes": b, "count": c} for s, (b, c) in scopes],
+            "scopes": scopes,
             "steps": [
                 {"step": s.step, "peak_bytes": s.peak, "allocated_at_end": s.allocated_at_end,
                  "reserved_at_end": s.reserved_at_end, "complete": s.complete,
-                 "gc_freed_bytes": int(-tl.delta[gc_pos[(gc_rows >= s.start_row) & (gc_rows < s.end_row)]].sum())}
+                 "gc_freed_bytes": freed_bytes(tl, gc_pos, s.start_row, s.end_row)}
                 for s in cap.steps(dev)
             ],
         })
@@ -123,6 +113,16 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
         "ooms": ooms,
         "notes": list(meta.get("notes", [])),
     }
+
+
+def _top_scopes(items: Iterable[tuple[str, int]], top: int) -> list[dict[str, Any]]:
+    """(scope, bytes) pairs summed by scope, largest first: [{"scope", "bytes", "count"}]."""
+    by_scope: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for scope, nbytes in items:
+        by_scope[scope or "(no scope)"][0] += nbytes
+        by_scope[scope or "(no scope)"][1] += 1
+    return [{"scope": k, "bytes": b, "count": c}
+            for k, (b, c) in sorted(by_scope.items(), key=lambda kv: -kv[1][0])[:top]]
 
 
 def plan_summary(plan: Plan) -> dict[str, Any]:

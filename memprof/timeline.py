@@ -324,3 +324,11 @@ def gc_freed_positions(raw: np.ndarray, timeline: Timeline, strings: Sequence[st
             lo, hi = np.searchsorted(free_rows, [begin, row])
             inside[lo:hi] |= free_threads[lo:hi] == thread
     return frees[inside]
+
+
+def freed_bytes(timeline: Timeline, positions: np.ndarray, start_row: int = 0, end_row: int | None = None) -> int:
+    """Bytes freed at the given free positions (e.g. `gc_freed_positions`) whose events lie in
+    rows [start_row, end_row)."""
+    rows = timeline.rows[positions]
+    keep = (rows >= start_row) if end_row is None else (rows >= start_row) & (rows < end_row)
+    return int(-timeline.delta[positions[keep]].sum())

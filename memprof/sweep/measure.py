@@ -22,6 +22,7 @@ from memprof._events import Kind
 from memprof.capture import Capture
 from memprof.plans import CompiledGraph, FxNode, Plan
 from memprof.sweep.estimate import CaptureEstimate
+from memprof.timeline import freed_bytes
 
 KNAPSACK = "knapsack evaluator"  # the in-tree KnapsackEvaluator's peak, in normalized units (ranking only)
 
@@ -210,9 +211,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     measured = slice(1, None) if len(windows) >= 2 else slice(None)
     ex, tm, pp = excess[measured], times[measured], peak_pos[measured]
     gc_pos = cap.gc_freed(device)
-    gc_rows = tl.rows[gc_pos]
-    gc_freed = max((int(-tl.delta[gc_pos[(gc_rows >= a) & (gc_rows < b)]].sum()) for a, b, _t0, _t1 in
-                    windows[measured]), default=0)
+    gc_freed = max((freed_bytes(tl, gc_pos, a, b) for a, b, _t0, _t1 in windows[measured]), default=0)
     step_peak = int(statistics.median_low(ex)) if ex else None
     notes: list[str] = []
     facts = merge_facts([plan_facts(p) for p in cap.plans])

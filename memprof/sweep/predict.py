@@ -48,6 +48,10 @@ class LazyKernel:
         self._kernel: Any = None
         self.name = name
 
+    @property
+    def is_compiled(self) -> bool:
+        return self._kernel is not None
+
     def kernel(self) -> Any:
         if self._kernel is None:
             k = self._compile()
@@ -120,7 +124,7 @@ class _Book:
     def kernel_counts(self, budget: float) -> tuple[int, int]:
         """(kernels this budget's compile asked for, of which compiled: those the script called)."""
         mine = [k for i, k in enumerate(self.kernels) if self.kernel_owner.get(i) == budget]
-        return len(mine), sum(k._kernel is not None for k in mine)
+        return len(mine), sum(k.is_compiled for k in mine)
 
 
 def _copies(aot_state: Any, capture: Any) -> tuple[Any, Any]:

@@ -59,7 +59,7 @@ def render_table(sweep: Sweep) -> str:
                 notes.append(f"{tag}redraws {random[v][b]} random ops")
             freed = int((r.measured or {}).get("gc_freed") or 0) if r is not None else 0
             if freed:
-                notes.append(f"{tag}Python's cyclic GC freed {freed / MB:.1f} MB in a step")
+                notes.append(f"{tag}Python's cyclic GC freed {fmt_mb(freed)} MB in a step")
             if r is not None and not r.ok and r.error:
                 notes.append(f"{tag}{r.error[:80]}")
         row.append("; ".join(notes))
