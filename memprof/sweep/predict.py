@@ -288,8 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     results = predict(Path(ns.script), args, ns.budget, ns.remat)
     for path, out in zip(ns.json, results, strict=True):
         Path(path).write_text(json.dumps(out))
-        m = out["measured"]
-        print(f"memprof: predicted budget {out['meta']['budget']:g}: {m['estimates']} "
+        m, meta = out["measured"], out["meta"]
+        if meta["status"] != "completed":
+            print(f"memprof: budget {meta['budget']:g} not predicted ({meta['status']}): {meta['error']}",
+                  file=sys.stderr)
+            continue
+        print(f"memprof: predicted budget {meta['budget']:g}: {m['estimates']} "
               f"({m['own_compile_s']:.1f} s own compile, {m['shared_s']:.1f} s shared)", file=sys.stderr)
     return 0 if all(r["meta"]["status"] == "completed" for r in results) else 1
 
