@@ -18,22 +18,9 @@ from __future__ import annotations
 import argparse
 import collections
 import gc
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def _example(model: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"train_{model}", ROOT / "examples" / f"train_{model}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from _examples import load_example  # (tools/, on the path as this script's folder)
 
 
 def _describe_referrers(t: Any, skip: list[Any]) -> list[str]:
@@ -63,7 +50,7 @@ def main() -> int:
     import torch._functorch.config as functorch_config
     from torch._subclasses.fake_tensor import FakeTensor
 
-    ex = _example(ns.model)
+    ex = load_example(ns.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     functorch_config.activation_memory_budget = ns.budget
     model, ids = ex.build(ex.PAPER if ns.paper else ex.SMALL, device)

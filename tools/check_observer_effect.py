@@ -21,29 +21,18 @@ The last output is the table (bytes; "same" when every column agrees to the byte
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from _examples import ROOT, load_example  # (tools/, on the path as this script's folder)
+
 sys.path.insert(0, str(ROOT))
 
-from memprof.sweep.spec import parse_budgets  # noqa: E402
+from memprof.sweep.spec import parse_budgets
 
 MODES = ("inside", "outside", "plain")
-
-
-def _example(model: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"train_{model}", ROOT / "examples" / f"train_{model}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _worker(ns: argparse.Namespace) -> None:
@@ -56,7 +45,7 @@ def _worker(ns: argparse.Namespace) -> None:
         import gc
 
         gc.disable()
-    ex = _example(ns.model)
+    ex = load_example(ns.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     size = ex.PAPER if ns.paper else ex.SMALL
     changes = {k: v for k, v in (("layers", ns.layers), ("seq", ns.seq)) if v is not None}

@@ -1,0 +1,20 @@
+"""The bundled examples (`examples/train_<model>.py`) as modules, for the tools that build their models."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def load_example(model: str) -> ModuleType:
+    """`examples/train_<model>.py`, imported (its `build`, `PAPER`, `SMALL`)."""
+    spec = importlib.util.spec_from_file_location(f"train_{model}", ROOT / "examples" / f"train_{model}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
