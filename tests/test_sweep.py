@@ -367,6 +367,8 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
     predicted = run_memprof("sweep", example, *common, "--jobs", "1", "-o", "p", "--predict", *script_args,
                             cwd=tmp_path, timeout=900)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
+    if (os.cpu_count() or 1) > 1:  # one job for two budgets: the sweep says how to use the cores
+        assert f"--jobs {min(2, os.cpu_count() or 1)} would spread them over the cores" in predicted.stderr
     alone = subprocess.run([sys.executable, "-m", "memprof.sweep.predict", "--budget", "1.0", "--json",
                             str(tmp_path / "alone.json"), example, *script_args], cwd=tmp_path, capture_output=True,
                            text=True, timeout=900)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
@@ -61,6 +62,11 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     what = "predicting" if predict else "sweeping"
     click.echo(f"memprof: {what} {len(budgets)} budgets x {len(variants)} variant(s) of {path} "
                f"({jobs} at a time) into {out}/", err=True)
+    cores = os.cpu_count() or 1
+    if predict and jobs == 1 and total > 1 and cores > 1:
+        click.echo(f"memprof: hint: --predict's compiles are CPU-bound and run one after another in one process; "
+                   f"--jobs {min(total, cores)} would spread them over the cores (each process also runs one "
+                   "forward on the device)", err=True)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=False) as bar:
         task = bar.add_task("budgets", total=total)
