@@ -233,16 +233,18 @@ def test_wrapper_walk_is_exact_on_a_known_program() -> None:
     assert sum(b for _, b in spiked.at_peak) == spiked.peak
 
 
-def test_probe_measures_a_fallback_kernels_scratch() -> None:
+def test_probe_measures_a_fallback_kernels_scratch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The CPU attention backward allocates above its three gradients while it runs; the probe
     measures that on placeholder inputs from the call spec recorded at partition time, and leaves
-    the RNG as it was."""
+    the RNG as it was. A call it cannot measure is named, with why, for the estimate's note."""
     import json
+    from types import SimpleNamespace
 
     import torch
 
+    import memprof._native
     from memprof.compile_hooks import call_spec
-    from memprof.sweep.probe import scratch_bytes
+    from memprof.sweep.probe import scratch_bytes, unprobed
 
     graph = torch.fx.Graph()
     g, q, k, v, o, lse = (graph.placeholder(name) for name in ("g", "q", "k", "v", "o", "lse"))
@@ -262,10 +264,23 @@ def test_probe_measures_a_fallback_kernels_scratch() -> None:
     assert scratch is not None and scratch > 0
     assert scratch_bytes(spec) == scratch  # measured once per signature
     # a call memprof cannot run (unknown op) has no scratch, and no failure
-    assert scratch_bytes(json.dumps({"op": "aten::no_such_op.default", "args": [], "kwargs": {}})) is None
+    unknown = json.dumps({"op": "aten::no_such_op.default", "args": [], "kwargs": {}})
+    assert scratch_bytes(unknown) is None
     # never inside the user's capture
+    inside = spec.replace("0.0, true", "0.0, false")
     with memprof.capture():
-        assert scratch_bytes(spec.replace("0.0, true", "0.0, false")) is None
+        assert scratch_bytes(inside) is None
+    # without the native extension nothing is measured
+    no_native = spec.replace("0.0, true", "0.5, true")
+
+    def unbuilt() -> None:
+        raise memprof.NativeUnavailable("not built")
+
+    monkeypatch.setattr(memprof._native, "native", unbuilt)
+    assert scratch_bytes(no_native) is None
+    nodes = [SimpleNamespace(call=c) for c in (spec, unknown, inside, no_native, unknown, "")]
+    assert unprobed(nodes) == [("aten::no_such_op.default", "it failed on placeholder inputs (AttributeError)"),
+                               (d["op"], "a capture was running"), (d["op"], "memprof's native extension is not built")]
 
 
 @pytest.mark.slow
@@ -388,6 +403,7 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
         # no capture: what is live at the peak is the estimate's own explanation, summing to it
         assert rp.measured["at_peak_source"] == "estimate" and rp.measured["peak_phase"] == "backward"
         assert sum(rp.measured["at_peak"].values()) == est
+        assert rp.measured["estimate_unprobed"] == rm.measured["estimate_unprobed"] == []  # every scratch probed
     at_zero = next(r for r in p.runs if r.budget == 0.0).measured
     assert at_zero is not None and at_zero["at_peak"].get("recomputed", 0) > 0  # all recomputed at budget 0
     shared = json.loads((tmp_path / "p" / "logs" / f"stock_{budget_label(1.0)}.json").read_text())

@@ -255,30 +255,38 @@ class CaptureEstimate:
     peak: int
     phase: str
     at_peak: dict[str, int]
+    # fallback calls whose scratch could not be measured, (op, why): the estimate leaves it out
+    unprobed: tuple[tuple[str, str], ...] = ()
 
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
                            probe: bool = True) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
     wrapper code. `probe`: measure the fallback kernels' scratch memory (`memprof.sweep.probe`;
-    skipped where their device is absent or a capture is running)."""
-    from memprof.sweep.probe import probe_graph_calls
+    skipped where their device is absent or a capture is running: those calls are named in
+    `unprobed`)."""
+    import dataclasses
+
+    from memprof.sweep.probe import probe_graph_calls, unprobed
 
     block = _BLOCK if device.startswith("cuda") else 1
     best: CaptureEstimate | None = None
+    missed: dict[tuple[str, str], None] = {}
     for i, plan in enumerate(plans):
         fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
         bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
         if not fw:
             return None
         scratch = (probe_graph_calls(plan.forward.nodes), probe_graph_calls(plan.backward.nodes)) if probe else None
+        if probe:
+            missed.update(dict.fromkeys(unprobed([*plan.forward.nodes, *plan.backward.nodes])))
         est = estimate_step(plan, str(getattr(fw[0], "source", "")), str(getattr(bw[0], "source", "")) if bw else None,
                             block, explain=True, scratch=scratch)
         if best is None or est.peak > best.peak:
             graph = bw[0] if est.phase == "backward" else fw[0]
             best = CaptureEstimate(est.peak, est.phase,
                                    peak_breakdown(plan, est.walk, est.phase, getattr(graph, "origins", {})))
-    return best
+    return dataclasses.replace(best, unprobed=tuple(missed)) if best is not None else None
 
 
 def peak_breakdown(plan: Plan, walk: GraphWalk, role: str, origins: Mapping[str, Sequence[str]]) -> dict[str, int]:

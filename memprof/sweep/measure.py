@@ -141,6 +141,8 @@ class Measured:
     # step's own allocations); in a --predict sweep these are at_peak and peak_phase themselves
     estimate_at_peak: dict[str, int] = field(default_factory=dict)
     estimate_peak_phase: str = ""
+    # fallback calls whose scratch memprof's estimate could not measure, [op, why]: it leaves it out
+    estimate_unprobed: list[list[str]] = field(default_factory=list)
     # the most Python's cyclic garbage collector freed in one measured step (tensors in reference
     # cycles: the peak depends on when collections run)
     gc_freed: int = 0
@@ -238,7 +240,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=found, notes=notes,
         estimate_at_peak=walk.at_peak if walk else {}, estimate_peak_phase=walk.phase if walk else "",
-        gc_freed=gc_freed,
+        estimate_unprobed=[list(u) for u in walk.unprobed] if walk else [], gc_freed=gc_freed,
     )
 
 

@@ -268,6 +268,7 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
                 # no capture: what is live at the peak is memprof's estimate's (the step's own allocations)
                 "at_peak": at_peak, "peak_phase": phase, "at_peak_source": "estimate",
                 "estimate_at_peak": at_peak, "estimate_peak_phase": phase,
+                "estimate_unprobed": [list(u) for u in walk.unprobed] if walk else [],
             },
         })
     return out

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 _CACHE: dict[str, int | None] = {}
+_WHY: dict[str, str] = {}  # spec -> why its scratch is not known
 
 
 def _resolve(name: str) -> Any:
@@ -60,8 +61,10 @@ def scratch_bytes(spec: str) -> int | None:
 
     try:
         if native().active():  # never inside the user's capture; not cached, a later call may probe
+            _WHY[spec] = "a capture was running"
             return None
     except Exception:  # no native extension: nothing to measure with
+        _CACHE[spec], _WHY[spec] = None, "memprof's native extension is not built"
         return None
     result: int | None = None
     try:
@@ -72,7 +75,8 @@ def scratch_bytes(spec: str) -> int | None:
         kwargs = {k: _build(v, devices) for k, v in d["kwargs"].items()}
         device = devices[0] if devices else torch.device("cpu")
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("no CUDA")
+            _CACHE[spec], _WHY[spec] = None, "its device (CUDA) is not here"
+            return None
         forked = [device.index or 0] if device.type == "cuda" else []
         name = f"cuda:{device.index or 0}" if device.type == "cuda" else "cpu"
         with torch.no_grad(), torch.random.fork_rng(devices=forked):
@@ -85,10 +89,26 @@ def scratch_bytes(spec: str) -> int | None:
                 end = int(tl.allocated[-1]) if len(tl.allocated) else tl.baseline
                 result = max(0, tl.peak - end)
                 del out
-    except Exception:  # an op that cannot run on placeholders: no scratch known, never a failure
+    except Exception as exc:  # an op that cannot run on placeholders: no scratch known, never a failure
         result = None
+        _WHY[spec] = f"it failed on placeholder inputs ({type(exc).__name__})"
     _CACHE[spec] = result
     return result
+
+
+def unprobed(nodes: Iterable[Any]) -> list[tuple[str, str]]:
+    """(op, why) for each distinct fallback call among `nodes` whose scratch could not be measured
+    (after `probe_graph_calls`): memprof's estimate leaves that scratch out."""
+    out: dict[tuple[str, str], None] = {}
+    for n in nodes:
+        spec = getattr(n, "call", "")
+        if spec and spec in _WHY and _CACHE.get(spec) is None:
+            try:
+                op = str(json.loads(spec)["op"])
+            except (ValueError, KeyError, TypeError):
+                op = "a fallback kernel"
+            out[(op, _WHY[spec])] = None
+    return list(out)
 
 
 def probe_graph_calls(nodes: Iterable[Any]) -> dict[str, int]:

@@ -259,6 +259,13 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         raise
     executor.shutdown(wait=True)
     sweep.runs.sort(key=lambda r: (r.variant, r.budget))
+    unprobed: dict[str, dict[str, None]] = {}  # why -> ops
+    for r in sweep.runs:
+        for op, why in (r.measured or {}).get("estimate_unprobed", []):
+            unprobed.setdefault(why, {})[op] = None
+    if unprobed:
+        sweep.notes.append("memprof's estimate leaves out the scratch memory of fallback kernels it could not run ("
+                           + "; ".join(f"{why}: {', '.join(ops)}" for why, ops in unprobed.items()) + ")")
     if predict and sweep.never_compiled():
         sweep.notes.append("the script compiled no graph with a backward before its first backward call: "
                            "nothing to predict")
