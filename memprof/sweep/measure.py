@@ -239,9 +239,14 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=found, notes=notes,
-        estimate_at_peak=walk.at_peak if walk else {}, estimate_peak_phase=walk.phase if walk else "",
-        estimate_unprobed=[list(u) for u in walk.unprobed] if walk else [], gc_freed=gc_freed,
+        gc_freed=gc_freed, **estimate_fields(walk),
     )
+
+
+def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
+    """Measured's estimate_* fields from memprof's estimate (`estimates`; empty where it has none)."""
+    return {"estimate_at_peak": walk.at_peak if walk else {}, "estimate_peak_phase": walk.phase if walk else "",
+            "estimate_unprobed": [list(u) for u in walk.unprobed] if walk else []}
 
 
 def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from memprof.sweep.detect import worst_per_budget
-from memprof.sweep.result import MB, Sweep
+from memprof.sweep.result import MB, Sweep, run_estimate
 
 
 def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
@@ -22,7 +22,7 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
             label += ", predicted"
         xs = [r.budget for r in runs]
         line = ax_mem.plot(xs, [(sweep.value(r) or 0) / MB for r in runs], marker="o", label=label)[0]
-        est = [(r.budget, ((r.measured or {}).get("estimates") or {}).get("memprof")) for r in runs]
+        est = [(r.budget, run_estimate(r, "memprof")) for r in runs]
         if sweep.mode == "measure" and any(e is not None for _b, e in est):
             ax_mem.plot([b for b, e in est if e is not None], [e / MB for _b, e in est if e is not None],
                         linestyle="--", color=line.get_color(), alpha=0.7, label=f"{label}: memprof estimate")

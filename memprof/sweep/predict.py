@@ -195,7 +195,7 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
 
     from memprof.compile_hooks import PlanRecorder
     from memprof.runner import run_script
-    from memprof.sweep.measure import estimates, merge_facts, plan_facts
+    from memprof.sweep.measure import estimate_fields, estimates, merge_facts, plan_facts
 
     if not budgets:
         raise ValueError("no budget to predict")
@@ -245,7 +245,7 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
         kernels, compiled = book.kernel_counts(b)
         device = "cuda" if any("empty_strided_cuda" in g.source for g in graphs) else "cpu"
         found, walk = estimates(plans, graphs, device) if error is None else ({}, None)
-        phase, at_peak = (walk.phase, walk.at_peak) if walk else ("", {})
+        explained = estimate_fields(walk)
         facts = merge_facts([plan_facts(p) for p in plans]) if error is None else None
         if error is not None:
             status, code = "exception", 1
@@ -266,9 +266,8 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
                 "own_compile_s": round(book.seconds.get(b, 0.0), 2), "shared_s": round(shared, 2),
                 "notes": notes, "step_ms": None, "buffer_level": bool(graphs),
                 # no capture: what is live at the peak is memprof's estimate's (the step's own allocations)
-                "at_peak": at_peak, "peak_phase": phase, "at_peak_source": "estimate",
-                "estimate_at_peak": at_peak, "estimate_peak_phase": phase,
-                "estimate_unprobed": [list(u) for u in walk.unprobed] if walk else [],
+                "at_peak": explained["estimate_at_peak"], "peak_phase": explained["estimate_peak_phase"],
+                "at_peak_source": "estimate", **explained,
             },
         })
     return out

@@ -44,13 +44,18 @@ class Run:
         return PlanFacts(**f) if f else None
 
 
+def run_estimate(run: Run | None, name: str) -> float | None:
+    """One estimator's predicted step peak for a run (bytes; KnapsackEvaluator: normalized units)."""
+    return None if run is None or run.measured is None else (run.measured.get("estimates") or {}).get(name)
+
+
 def run_value(run: Run, mode: str) -> int | None:
     """A run's point on the curve: its measured step peak ("measure"), or memprof's estimate ("predict")."""
     if mode == "measure":
         return run.step_peak
-    if not run.ok or run.measured is None:
+    if not run.ok:
         return None
-    est = (run.measured.get("estimates") or {}).get("memprof")
+    est = run_estimate(run, "memprof")
     return None if est is None else int(est)
 
 
@@ -110,7 +115,7 @@ class Sweep:
         names = sorted({k for r in runs for k in ((r.measured or {}).get("estimates") or {})})
         for name in names:
             pairs = [(float(e), float(r.step_peak)) for r in runs
-                     if r.step_peak and (e := ((r.measured or {}).get("estimates") or {}).get(name)) is not None]
+                     if r.step_peak and (e := run_estimate(r, name)) is not None]
             errs = [] if name == KNAPSACK else [abs(e - m) / m for e, m in pairs]
             out[name] = {"budgets": len(pairs), "spearman": spearman([e for e, _ in pairs], [m for _, m in pairs]),
                          "median_error": statistics.median(errs) if errs else None,

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from memprof.sweep.detect import worst_per_budget
-from memprof.sweep.result import MB, Run, Sweep, fmt_mb
+from memprof.sweep.result import MB, Run, Sweep, fmt_mb, run_estimate
 
 
 def _status(r: Run) -> str:
     return r.status.upper() if r.status != "exit" else f"EXIT {r.exit_code}"
-
-
-def _est(r: Run | None, name: str) -> float | None:
-    return None if r is None or r.measured is None else (r.measured.get("estimates") or {}).get(name)
 
 
 def _cell_ms(r: Run | None) -> str:
@@ -44,10 +40,10 @@ def render_table(sweep: Sweep) -> str:
             elif not r.ok:
                 row += [_status(r), "-", "-"]
             elif sweep.mode == "measure":
-                row += [fmt_mb(r.step_peak), fmt_mb(_est(r, "memprof")), _cell_ms(r)]
+                row += [fmt_mb(r.step_peak), fmt_mb(run_estimate(r, "memprof")), _cell_ms(r)]
             else:
                 secs = (r.measured or {}).get("compile_s")
-                row += [fmt_mb(_est(r, "memprof")), fmt_mb(_est(r, "inductor (outputs kept)")),
+                row += [fmt_mb(run_estimate(r, "memprof")), fmt_mb(run_estimate(r, "inductor (outputs kept)")),
                         "-" if secs is None else f"{secs:.0f}"]
             row += ["-" if f is None else f"{f.saved_bytes / MB:.1f}",
                     "-" if f is None else f"{f.recomputed_bytes / MB:.1f}"]
