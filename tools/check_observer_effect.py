@@ -9,7 +9,8 @@ Each mode runs in its own process, one compile per budget (torch._dynamo.reset b
   and AOTAutograd's caches are off, as in every memprof capture);
 - outside: compile in a warm-up step before the capture starts (stock compile, caches as torch
   sets them), then capture the steps;
-- plain (CUDA only): no memprof at all; `torch.cuda.max_memory_allocated()` around each step
+- plain (CUDA only): nothing of memprof installed (its Python modules are imported, for the budget
+  spec, but no hook, capture or callback); `torch.cuda.max_memory_allocated()` around each step
   minus the memory allocated before it (shared/reference's method).
 The step peak is the most allocated during a forward+backward above the step's start (gradients
 kept allocated), the last of the measured steps; for inside/outside it comes from the capture and,
