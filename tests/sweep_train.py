@@ -41,6 +41,7 @@ def main() -> None:
         model.zero_grad(set_to_none=False)
     print("loss", float(loss))
     print("compile threads", os.environ.get("TORCHINDUCTOR_COMPILE_THREADS"))
+    print("cpu threads", torch.get_num_threads())
 
 
 if __name__ == "__main__":

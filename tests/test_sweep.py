@@ -180,10 +180,12 @@ def test_sweep_of_a_script_that_never_compiles(tmp_path: Path) -> None:
     assert all(p is not None and p > 0 for p in peaks)
     assert np.ptp(np.array(peaks)) == 0  # eager: the budget changes nothing, to the byte
     assert not any((r.measured or {}).get("compiled") for r in sweep.runs)
-    # the cores are split between the jobs for Inductor's compile workers
+    # the cores are split between the jobs for Inductor's compile workers and torch's CPU threads
     log = (tmp_path / "sweep_sweep_train" / sweep.runs[0].log).read_text()
-    threads = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS") or max(1, (os.cpu_count() or 1) // 2)
+    share = max(1, (os.cpu_count() or 1) // 2)
+    threads = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS") or share
     assert f"compile threads {threads}" in log, log[-2000:]
+    assert f"cpu threads {os.environ.get('OMP_NUM_THREADS') or share}" in log, log[-2000:]
 
 
 WRAPPER_FW = '''

@@ -215,10 +215,13 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         share = sharing_available()
     groups = group_tasks(budgets, variants, jobs, share)
     env = dict(env or {})
-    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ and "TORCHINDUCTOR_COMPILE_THREADS" not in env:
-        # the cores are shared by the jobs: each process compiles Triton kernels with its share
-        # (Inductor's default, a pool of one worker per core in each of N processes, oversubscribes)
-        env["TORCHINDUCTOR_COMPILE_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(groups)))))
+    share_of_cores = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(groups)))))
+    # the cores are shared by the jobs: each process compiles Triton kernels (Inductor's default: a
+    # pool of one worker per core) and runs CPU ops (torch's default: one OpenMP thread per core,
+    # which spin between ops) with its share, so that N processes do not oversubscribe them
+    for name in ("TORCHINDUCTOR_COMPILE_THREADS", "OMP_NUM_THREADS"):
+        if name not in os.environ and name not in env:
+            env[name] = share_of_cores
     if share:
         sweep.notes.append(f"{len(budgets) * len(variants)} budgets predicted in {len(groups)} processes: the budgets "
                            "of a process share the script's start, Dynamo's trace and the joint graph")
