@@ -258,8 +258,8 @@ def test_memprof_estimate_with_kernel_probes_on_cuda(budget: float) -> None:
 
 def test_predicted_budgets_share_a_process_on_cuda(tmp_path: Path) -> None:
     """`memprof.sweep.predict` with two budgets in one process on the GPU: the budget compiled
-    beside the one the script runs with compiles no Triton kernel and predicts to the byte what it
-    predicts alone; alone, only the forward's kernels are compiled (the backward never runs)."""
+    beside the one the script runs with predicts to the byte what it predicts alone; neither compiles
+    a Triton kernel (the script's forward runs op by op, its backward never)."""
     import json
     import subprocess
 
@@ -277,7 +277,7 @@ def test_predicted_budgets_share_a_process_on_cuda(tmp_path: Path) -> None:
     shared = predict(0.0, 1.0)
     (alone,) = predict(1.0)
     assert shared[1]["meta"]["kernels"] > 0 and shared[1]["meta"]["kernels_compiled"] == 0  # type: ignore[index]
-    assert 0 < alone["meta"]["kernels_compiled"] < alone["meta"]["kernels"]  # type: ignore[index,operator]
+    assert alone["meta"]["kernels"] > 0 and alone["meta"]["kernels_compiled"] == 0  # type: ignore[index,operator]
     for key in ("estimates", "facts", "at_peak", "peak_phase"):
         assert shared[1]["measured"][key] == alone["measured"][key], key  # type: ignore[index]
     assert shared[1]["measured"]["device"] == "cuda"  # type: ignore[index]

@@ -10,8 +10,12 @@ runs to its end). What ran is the compile and one forward; no backward and no op
 predictions are those of `memprof.sweep.measure.estimates` (memprof's walk of the wrapper code,
 Inductor's estimate, the partitioner's KnapsackEvaluator).
 
-Kernels are compiled when first called (`LazyKernel`): the forward's as the script runs it, the
-backward's never (unless the script calls `torch.autograd.grad`, which is not stopped).
+No kernel is compiled. Inductor compiles every graph as usual, up to its wrapper code (which the
+predictions read), but the script runs each compiled graph as its FX graph, op by op (`eager_runs`):
+the forward needs its outputs, not its speed, and compiling its kernels was a third of the time the
+budgets of a process share. Kernels are made lazy (`LazyKernel`), so that loading the wrapper code
+compiles none; a graph whose op-by-op run fails falls back to its compiled code, whose kernels are
+then compiled as they are first called.
 
 Budgets differ only from the partitioner on, so the budgets of one process share everything before
 it: the interpreter and imports, the script up to its compile, Dynamo's trace and AOTAutograd's
@@ -97,26 +101,93 @@ def lazy_kernels(made: list[LazyKernel]) -> Iterator[None]:
             setattr(AsyncCompile, k, f)
 
 
+def _graph_copy(gm: Any) -> Any:
+    """A GraphModule copied as AOTAutograd copies its backward: nodes copied, their metadata shared."""
+    import copy
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return copy.deepcopy(gm)
+
+
+class EagerRun:
+    """Runs a compiled graph as its FX graph, op by op (Inductor's boxed calling convention: one
+    list of inputs, cleared once they are consumed); falls back to the compiled code if that fails."""
+
+    def __init__(self, graph: Any, compiled: Callable[[list[Any]], Any], note: Callable[[str], None]) -> None:
+        self.graph: Any = graph
+        self.compiled = compiled
+        self.note = note
+        self.eager_calls = 0
+
+    def __call__(self, inputs: list[Any]) -> Any:
+        if self.graph is not None:
+            try:
+                out = self.graph(*inputs)
+            except Exception as exc:
+                self.note(f"a compiled graph ran its compiled code: its op-by-op run failed "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+                self.graph = None
+            else:
+                self.eager_calls += 1
+                inputs.clear()
+                return out
+        return self.compiled(inputs)
+
+
+@contextlib.contextmanager
+def eager_runs(made: list[EagerRun], note: Callable[[str], None]) -> Iterator[None]:
+    """Within: each graph Inductor compiles (`_compile_fx_inner`, every pass and the code generation
+    as usual) is run op by op by an `EagerRun` of its graph as given (copied before Inductor's passes
+    change it in place), appended to `made`. A graph that cannot be copied runs its compiled code."""
+    import torch._inductor.compile_fx as compile_fx
+
+    inner = compile_fx._compile_fx_inner
+
+    def compile_run_eager(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            eager = _graph_copy(gm)
+        except Exception as exc:
+            note(f"a compiled graph runs its compiled code: not copied ({type(exc).__name__}: {exc})")
+            eager = None
+        compiled: Any = inner(gm, example_inputs, *args, **kwargs)
+        if eager is not None and callable(getattr(compiled, "current_callable", None)):
+            made.append(EagerRun(eager, compiled.current_callable, note))
+            compiled.current_callable = made[-1]
+        return compiled
+
+    compile_run_eager.__wrapped__ = inner  # type: ignore[attr-defined]
+    compile_fx._compile_fx_inner = compile_run_eager
+    try:
+        yield
+    finally:
+        compile_fx._compile_fx_inner = inner
+
+
 @dataclass
 class _Book:
     """Which budget's compile recorded each plan, graph and kernel, and the seconds each one's took."""
 
     recorder: Any
     kernels: list[LazyKernel] = field(default_factory=list)
+    eager: list[EagerRun] = field(default_factory=list)
     plan_owner: dict[int, float] = field(default_factory=dict)
     graph_owner: dict[int, float] = field(default_factory=dict)
     kernel_owner: dict[int, float] = field(default_factory=dict)
     seconds: dict[float, float] = field(default_factory=dict)
+    shared_seconds: float = 0.0  # within `compiling`, but work for every budget (the joint-graph passes)
     errors: dict[float, str] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:
         plans, graphs, kernels = len(self.recorder.plans), len(self.recorder.graphs), len(self.kernels)
-        t0 = time.perf_counter()
+        t0, shared = time.perf_counter(), self.shared_seconds
         try:
             yield
         finally:
-            self.seconds[budget] = self.seconds.get(budget, 0.0) + time.perf_counter() - t0
+            own = time.perf_counter() - t0 - (self.shared_seconds - shared)
+            self.seconds[budget] = self.seconds.get(budget, 0.0) + own
             self.plan_owner.update(dict.fromkeys(range(plans, len(self.recorder.plans)), budget))
             self.graph_owner.update(dict.fromkeys(range(graphs, len(self.recorder.graphs)), budget))
             self.kernel_owner.update(dict.fromkeys(range(kernels, len(self.kernels)), budget))
@@ -134,10 +205,7 @@ def _copies(aot_state: Any, capture: Any) -> tuple[Any, Any]:
     import copy
     import dataclasses
 
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-
-    with unset_fake_temporarily():
-        gm = copy.deepcopy(capture.graph_module)
+    gm = _graph_copy(capture.graph_module)
     args = capture.updated_flat_args
     args = tuple(list(a) for a in args) if isinstance(args, tuple) else list(args)
     meta = copy.copy(aot_state.fw_metadata)
@@ -168,21 +236,67 @@ def _share_joint_graph(book: _Book, first: float, others: Sequence[float]) -> Ca
 
     # torch 2.11: (aot_state, aot_graph_capture); 2.13 adds partition_fn, fw_compiler, bw_compiler
     def stage2(aot_state: Any, capture: Any, *rest: Any, **kwargs: Any) -> Any:
-        for b in others:
-            if b in book.errors:
-                continue  # failed in an earlier region: its prediction is lost anyway
-            with book.compiling(b):
-                try:
-                    state, cap = _copies(aot_state, capture)
-                    with functorch_config.patch(activation_memory_budget=b):
-                        original(state, cap, *rest, **kwargs)
-                except Exception as exc:
-                    book.errors[b] = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
-        with book.compiling(first):
-            return original(aot_state, capture, *rest, **kwargs)
+        with _joint_passes_once(book) as next_budget:
+            for b in others:
+                if b in book.errors:
+                    continue  # failed in an earlier region: its prediction is lost anyway
+                next_budget()
+                with book.compiling(b):
+                    try:
+                        state, cap = _copies(aot_state, capture)
+                        with functorch_config.patch(activation_memory_budget=b):
+                            original(state, cap, *rest, **kwargs)
+                    except Exception as exc:
+                        book.errors[b] = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
+            next_budget()
+            with book.compiling(first):
+                return original(aot_state, capture, *rest, **kwargs)
 
     graph_compile.aot_stage2_autograd = stage2  # type: ignore[assignment]
     return lambda: setattr(graph_compile, "aot_stage2_autograd", original)
+
+
+@contextlib.contextmanager
+def _joint_passes_once(book: _Book) -> Iterator[Callable[[], None]]:
+    """Within (one compiled region, its budgets in turn): Inductor's joint-graph passes run for the
+    first budget only; every later one gets a copy of what they made, call by call (the same joint
+    graph, and passes that do not depend on the budget). Yields `next_budget`, called before each
+    budget. The passes' seconds go to `book.shared_seconds`, not to the budget that ran them."""
+    import torch._inductor.compile_fx as compile_fx
+
+    passes = compile_fx._recursive_joint_graph_passes
+    made: list[Any] = []  # the first budget's outputs, in call order (copies: its partitioner changes them)
+    state = {"call": 0, "depth": 0}
+
+    def next_budget() -> None:
+        state["call"] = 0
+
+    def joint_passes_once(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        if state["depth"]:  # a subgraph, inside the passes of its graph
+            return passes(gm, *args, **kwargs)
+        i = state["call"]
+        state["call"] += 1
+        t0 = time.perf_counter()
+        try:
+            if i < len(made):
+                return _graph_copy(made[i])
+            state["depth"] += 1
+            try:
+                out = passes(gm, *args, **kwargs)
+            finally:
+                state["depth"] -= 1
+            if i == len(made):
+                made.append(_graph_copy(out))
+            return out
+        finally:
+            book.shared_seconds += time.perf_counter() - t0
+
+    joint_passes_once.__wrapped__ = passes  # type: ignore[attr-defined]
+    compile_fx._recursive_joint_graph_passes = joint_passes_once
+    try:
+        yield next_budget
+    finally:
+        compile_fx._recursive_joint_graph_passes = passes
 
 
 def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str | None) -> list[dict[str, Any]]:
@@ -224,6 +338,7 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
         if sharing:  # (with no stage to share, one budget alone still runs, its compile timed as a whole)
             undo.callback(_share_joint_graph(book, first, others))
         undo.enter_context(lazy_kernels(book.kernels))
+        undo.enter_context(eager_runs(book.eager, notes.append))
         # not torch.autograd.grad: AOTAutograd traces the joint graph with it
         torch.Tensor.backward = stop  # type: ignore[method-assign]
         torch.autograd.backward = stop
