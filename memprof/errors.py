@@ -13,3 +13,8 @@ class CaptureFileError(MemprofError):
 
 class NativeUnavailable(MemprofError):
     """The native extension memprof._C is not built or does not match the installed torch."""
+
+
+def one_line(exc: BaseException) -> str:
+    """`Type: message` of an exception, its first line only (the type alone when it has no message)."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
 
-from memprof.errors import MemprofError
+from memprof.errors import MemprofError, one_line
 
 _PY_SUFFIXES = {".py", ".pyw"}
 
@@ -93,8 +93,7 @@ def run_script(path: Path, args: list[str], stop: type[BaseException] | None = N
             return ScriptResult(0, "stopped")
         traceback.print_exception(type(exc), exc, _script_traceback(exc, path), file=sys.stderr)
         status = "oom" if _is_oom(exc) else "exception"
-        line = f"{type(exc).__name__}: {exc}".splitlines()[0] if str(exc) else type(exc).__name__
-        return ScriptResult(1, status, line)
+        return ScriptResult(1, status, one_line(exc))
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memprof.errors import one_line
+
 
 class _Stop(BaseException):
     """Raised at the first backward call: everything it needs has been compiled."""
@@ -126,8 +128,7 @@ class EagerRun:
             try:
                 out = self.graph(*inputs)
             except Exception as exc:
-                self.note(f"a compiled graph ran its compiled code: its op-by-op run failed "
-                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+                self.note(f"a compiled graph ran its compiled code: its op-by-op run failed ({one_line(exc)})")
                 self.graph = None
             else:
                 self.eager_calls += 1
@@ -149,7 +150,7 @@ def eager_runs(made: list[EagerRun], note: Callable[[str], None]) -> Iterator[No
         try:
             eager = _graph_copy(gm)
         except Exception as exc:
-            note(f"a compiled graph runs its compiled code: not copied ({type(exc).__name__}: {exc})")
+            note(f"a compiled graph runs its compiled code: not copied ({one_line(exc)})")
             eager = None
         compiled: Any = inner(gm, example_inputs, *args, **kwargs)
         if eager is not None and callable(getattr(compiled, "current_callable", None)):
@@ -247,7 +248,7 @@ def _share_joint_graph(book: _Book, first: float, others: Sequence[float]) -> Ca
                         with functorch_config.patch(activation_memory_budget=b):
                             original(state, cap, *rest, **kwargs)
                     except Exception as exc:
-                        book.errors[b] = (f"{type(exc).__name__}: {exc}".splitlines() or [type(exc).__name__])[0]
+                        book.errors[b] = one_line(exc)
             next_budget()
             with book.compiling(first):
                 return original(aot_state, capture, *rest, **kwargs)
