@@ -278,6 +278,7 @@ def test_predicted_budgets_share_a_process_on_cuda(tmp_path: Path) -> None:
     (alone,) = predict(1.0)
     assert shared[1]["meta"]["kernels"] > 0 and shared[1]["meta"]["kernels_compiled"] == 0  # type: ignore[index]
     assert alone["meta"]["kernels"] > 0 and alone["meta"]["kernels_compiled"] == 0  # type: ignore[index,operator]
+    assert alone["meta"]["graphs_run_op_by_op"] > 0 == shared[1]["meta"]["graphs_run_op_by_op"]  # type: ignore[index,operator]
     for key in ("estimates", "facts", "at_peak", "peak_phase"):
         assert shared[1]["measured"][key] == alone["measured"][key], key  # type: ignore[index]
     assert shared[1]["measured"]["device"] == "cuda"  # type: ignore[index]

@@ -455,6 +455,7 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
     # no kernel is compiled: the budget the script ran with runs its graphs op by op
     assert shared["meta"]["kernels"] > 0 and shared["meta"]["kernels_compiled"] == 0
     assert solo["meta"]["kernels"] > 0 and solo["meta"]["kernels_compiled"] == 0
+    assert solo["meta"]["graphs_run_op_by_op"] > 0 and shared["meta"]["graphs_run_op_by_op"] == 0
     for key in ("estimates", "facts", "at_peak", "peak_phase", "plans"):
         assert shared["measured"][key] == solo["measured"][key], key
     assert "predicted MB" in predicted.stdout

@@ -172,7 +172,7 @@ class _Book:
 
     recorder: Any
     kernels: list[LazyKernel] = field(default_factory=list)
-    eager: list[EagerRun] = field(default_factory=list)
+    eager: list[EagerRun] = field(default_factory=list)  # (only the budget the script runs with runs its graphs)
     plan_owner: dict[int, float] = field(default_factory=dict)
     graph_owner: dict[int, float] = field(default_factory=dict)
     kernel_owner: dict[int, float] = field(default_factory=dict)
@@ -237,7 +237,7 @@ def _share_joint_graph(book: _Book, first: float, others: Sequence[float]) -> Ca
 
     # torch 2.11: (aot_state, aot_graph_capture); 2.13 adds partition_fn, fw_compiler, bw_compiler
     def stage2(aot_state: Any, capture: Any, *rest: Any, **kwargs: Any) -> Any:
-        with _joint_passes_once(book) as next_budget:
+        with _joint_passes_once(book, reuse=bool(others)) as next_budget:
             for b in others:
                 if b in book.errors:
                     continue  # failed in an earlier region: its prediction is lost anyway
@@ -258,11 +258,12 @@ def _share_joint_graph(book: _Book, first: float, others: Sequence[float]) -> Ca
 
 
 @contextlib.contextmanager
-def _joint_passes_once(book: _Book) -> Iterator[Callable[[], None]]:
+def _joint_passes_once(book: _Book, reuse: bool) -> Iterator[Callable[[], None]]:
     """Within (one compiled region, its budgets in turn): Inductor's joint-graph passes run for the
     first budget only; every later one gets a copy of what they made, call by call (the same joint
-    graph, and passes that do not depend on the budget). Yields `next_budget`, called before each
-    budget. The passes' seconds go to `book.shared_seconds`, not to the budget that ran them."""
+    graph, and passes that do not depend on the budget; with `reuse` False, one budget alone, nothing
+    is kept). Yields `next_budget`, called before each budget. The passes' seconds go to
+    `book.shared_seconds`, not to the budget that ran them."""
     import torch._inductor.compile_fx as compile_fx
 
     passes = compile_fx._recursive_joint_graph_passes
@@ -286,7 +287,7 @@ def _joint_passes_once(book: _Book) -> Iterator[Callable[[], None]]:
                 out = passes(gm, *args, **kwargs)
             finally:
                 state["depth"] -= 1
-            if i == len(made):
+            if reuse and i == len(made):
                 made.append(_graph_copy(out))
             return out
         finally:
@@ -373,7 +374,8 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
         out.append({
             "meta": {"status": status, "exit_code": code, "error": error, "budget": b, "remat": remat or "off",
                      "stopped_at_backward": result.status == "stopped", "group": list(budgets),
-                     "ran_script": b == first, "kernels": kernels, "kernels_compiled": compiled},
+                     "ran_script": b == first, "kernels": kernels, "kernels_compiled": compiled,
+                     "graphs_run_op_by_op": sum(1 for e in book.eager if e.eager_calls) if b == first else 0},
             "measured": {
                 "device": device, "step_peak": None, "compiled": bool(plans), "plans": len(plans),
                 "facts": None if facts is None else facts.__dict__, "estimates": found,
