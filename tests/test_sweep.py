@@ -76,6 +76,17 @@ def test_spearman() -> None:
     assert spearman([1, 2], [1, 2]) is None and spearman([1, 1, 1], [1, 2, 3]) is None
 
 
+def test_process_threads() -> None:
+    """Each sweep process gets cores / processes of Inductor's compile workers, and with a GPU of
+    torch's CPU threads; a variable the user set is kept."""
+    from memprof.sweep.runner import process_threads
+
+    assert process_threads(16, 13, True, {}) == {"TORCHINDUCTOR_COMPILE_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    assert process_threads(16, 4, False, {}) == {"TORCHINDUCTOR_COMPILE_THREADS": "4"}
+    assert process_threads(2, 0, True, {"OMP_NUM_THREADS": "3"}) == {"TORCHINDUCTOR_COMPILE_THREADS": "2"}
+    assert process_threads(2, 5, True, {"TORCHINDUCTOR_COMPILE_THREADS": "8", "OMP_NUM_THREADS": "3"}) == {}
+
+
 def test_predict_groups_budgets_into_processes() -> None:
     """Measured budgets run one per process; predicted ones share processes, as few budgets each as
     `jobs` allows and evenly (the largest group sets the wall time), a variant's budgets dealt
@@ -180,12 +191,15 @@ def test_sweep_of_a_script_that_never_compiles(tmp_path: Path) -> None:
     assert all(p is not None and p > 0 for p in peaks)
     assert np.ptp(np.array(peaks)) == 0  # eager: the budget changes nothing, to the byte
     assert not any((r.measured or {}).get("compiled") for r in sweep.runs)
-    # the cores are split between the jobs for Inductor's compile workers and torch's CPU threads
+    # the cores are split between the jobs for Inductor's compile workers; on the CPU torch keeps its
+    # threads (Inductor's CPU code depends on their number)
     log = (tmp_path / "sweep_sweep_train" / sweep.runs[0].log).read_text()
-    share = max(1, (os.cpu_count() or 1) // 2)
-    threads = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS") or share
+    threads = os.environ.get("TORCHINDUCTOR_COMPILE_THREADS") or max(1, (os.cpu_count() or 1) // 2)
     assert f"compile threads {threads}" in log, log[-2000:]
-    assert f"cpu threads {os.environ.get('OMP_NUM_THREADS') or share}" in log, log[-2000:]
+    import torch
+
+    if not torch.cuda.is_available():
+        assert f"cpu threads {torch.get_num_threads()}" in log, log[-2000:]
 
 
 WRAPPER_FW = '''

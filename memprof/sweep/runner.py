@@ -169,6 +169,19 @@ def _collect(out: Path, variant: str, budget: float, label: str, measure_path: P
     return Run(variant, budget, status, own_rc, error, capture, log_name, wall, measured)
 
 
+def process_threads(cores: int, processes: int, gpu: bool, environ: dict[str, str]) -> dict[str, str]:
+    """What each of `processes` sweep processes gets of the cores: cores / processes of Inductor's
+    compile workers (its default, a pool of one worker per core in each process, oversubscribes)
+    and, with a GPU, of torch's CPU threads (OMP_NUM_THREADS: 13 processes of 16 OpenMP threads
+    made every compile slower; --predict, 26 budgets on the H200: 178 s against 160 s). Without a
+    GPU the scripts run on the CPU, where Inductor's code depends on the thread count, so the
+    threads are left as torch sets them (the program measured is the program the user runs).
+    A variable already set is left alone."""
+    share = str(max(1, cores // max(1, processes)))
+    names = ["TORCHINDUCTOR_COMPILE_THREADS"] + (["OMP_NUM_THREADS"] if gpu else [])
+    return {name: share for name in names if name not in environ}
+
+
 def group_tasks(budgets: Sequence[float], variants: Sequence[str], jobs: int, share: bool
                 ) -> list[tuple[str, list[float]]]:
     """The processes of a sweep: (variant, budgets). Alone, one budget each. With `share` (--predict
@@ -215,13 +228,7 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         share = sharing_available()
     groups = group_tasks(budgets, variants, jobs, share)
     env = dict(env or {})
-    share_of_cores = str(max(1, (os.cpu_count() or 1) // max(1, min(jobs, len(groups)))))
-    # the cores are shared by the jobs: each process compiles Triton kernels (Inductor's default: a
-    # pool of one worker per core) and runs CPU ops (torch's default: one OpenMP thread per core,
-    # which spin between ops) with its share, so that N processes do not oversubscribe them
-    for name in ("TORCHINDUCTOR_COMPILE_THREADS", "OMP_NUM_THREADS"):
-        if name not in os.environ and name not in env:
-            env[name] = share_of_cores
+    env.update(process_threads(os.cpu_count() or 1, min(jobs, len(groups)), bool(gpus), {**os.environ, **env}))
     if share:
         sweep.notes.append(f"{len(budgets) * len(variants)} budgets predicted in {len(groups)} processes: the budgets "
                            "of a process share the script's start, Dynamo's trace and the joint graph")
