@@ -12,8 +12,8 @@ Inductor's estimate, the partitioner's KnapsackEvaluator).
 
 No kernel is compiled. Inductor compiles every graph as usual, up to its wrapper code (which the
 predictions read), but the script runs each compiled graph as its FX graph, op by op (`eager_runs`):
-the forward needs its outputs, not its speed, and compiling its kernels was a third of the time the
-budgets of a process share. Kernels are made lazy (`LazyKernel`), so that loading the wrapper code
+the forward needs its outputs, not its speed, and so no process spends time compiling its kernels.
+Kernels are made lazy (`LazyKernel`), so that loading the wrapper code
 compiles none; a graph whose op-by-op run fails falls back to its compiled code, whose kernels are
 then compiled as they are first called.
 
@@ -21,8 +21,9 @@ Budgets differ only from the partitioner on, so the budgets of one process share
 it: the interpreter and imports, the script up to its compile, Dynamo's trace and AOTAutograd's
 joint graph. At each compiled region (`aot_stage2_autograd`, AOTAutograd's partition-and-compile
 stage), every budget after the first is partitioned and compiled on its own copy of the joint graph
-(its compiled function is dropped, never run, so none of its kernels is compiled); then the first
-budget, which the script runs on with.
+(its compiled function is dropped, never run); then the first budget, which the script runs on
+with. Inductor's joint-graph passes, which precede the partitioner, run for the first of these
+compiles only; the others partition copies of their output (`_joint_passes_once`).
 """
 
 from __future__ import annotations
