@@ -71,25 +71,65 @@ def is_random_node(node: Any) -> bool:
     return False
 
 
-def _value_info(val: Any) -> tuple[list[int] | None, str | None, int | None]:
+def size_hint(x: Any) -> int | None:
+    """A size as an int without adding a guard: a plain int as is, a symbolic size's hint (its
+    value in the example inputs the graph was traced with), None when it has none (unbacked).
+
+    `int()` on a SymInt would specialize the graph on that value (a guard such as
+    `Eq(128*s27, 1280)`), so a dynamic-shape graph would recompile for every size; memprof must
+    never change what Dynamo compiles.
+    """
+    if type(x) is int:
+        return x
+    node = getattr(x, "node", None)
+    hint = getattr(node, "_hint", None)
+    if type(hint) is int:
+        return hint
+    shape_env = getattr(node, "shape_env", None)
+    if shape_env is None:
+        return None
+    try:  # ShapeEnv.size_hint adds no guard
+        value = shape_env.size_hint(node.expr, allow_none=True)
+    except Exception:
+        return None
+    try:
+        return None if value is None else int(value)  # a sympy Integer
+    except (TypeError, ValueError):
+        return None
+
+
+def _value_info(val: Any) -> tuple[list[int] | None, str | None, int | None, str]:
+    """Shape, dtype and bytes of a node's value (bytes summed over tuple outputs), and its byte
+    count as a symbolic expression ("" when static). Symbolic sizes give shape and bytes None and
+    never add a guard (`size_hint`)."""
     import torch
 
     vals = val if isinstance(val, (list, tuple)) else [val]
     tensors = [v for v in vals if isinstance(v, torch.Tensor)]
     if not tensors:
-        return None, None, None
+        return None, None, None, ""
     total: int | None = 0
+    exprs: list[str] = []
     for t in tensors:
         try:
-            total = None if total is None else total + int(t.numel()) * t.element_size()
-        except Exception:  # symbolic sizes
+            nbytes = t.numel() * t.element_size()
+        except Exception:
             total = None
+            continue
+        if type(nbytes) is int:
+            total = None if total is None else total + nbytes
+        else:  # str() of a SymInt reads its expression without guarding on it
+            total = None
+            exprs.append(str(nbytes))
     first = tensors[0]
-    try:
-        shape: list[int] | None = [int(s) for s in first.shape]
-    except Exception:
-        shape = None
-    return shape, str(first.dtype).replace("torch.", ""), total
+    dims = list(first.shape)
+    shape: list[int] | None = [int(d) for d in dims] if all(type(d) is int for d in dims) else None
+    expr = ""
+    if exprs:
+        static = sum((v.numel() * v.element_size()) for v in tensors
+                     if all(type(d) is int for d in v.shape))
+        expr = " + ".join(exprs + ([str(static)] if static else []))
+    return shape, str(first.dtype).replace("torch.", ""), total, expr
 
 
 class _NoSpec(Exception):
@@ -142,7 +182,7 @@ def fx_graph(gm: Any) -> FxGraph:
     fallbacks = getattr(lowering, "fallbacks", ())
     nodes: list[FxNode] = []
     for n in gm.graph.nodes:
-        shape, dtype, nbytes = _value_info(n.meta.get("val"))
+        shape, dtype, nbytes, size_expr = _value_info(n.meta.get("val"))
         stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack") or {}
         path = ""
         if stack:
@@ -163,7 +203,7 @@ def fx_graph(gm: Any) -> FxGraph:
                     break
         nodes.append(FxNode(
             name=n.name, op=n.op, target=str(n.target) if n.op != "placeholder" else "",
-            shape=shape, dtype=dtype, bytes=nbytes, users=[u.name for u in n.users],
+            shape=shape, dtype=dtype, bytes=nbytes, size_expr=size_expr, users=[u.name for u in n.users],
             module_path=path, source=source, random=n.name in random, mask=mask,
             call=call_spec(n) if n.op == "call_function" and n.target in fallbacks else "",
         ))

@@ -33,6 +33,9 @@ class FxNode:
     # for ops Inductor runs as fallback kernels: the call (op, argument shapes/strides/dtypes,
     # constants) as JSON, so memprof's estimate can measure the kernel's scratch memory
     call: str = ""
+    # the byte count as an expression in the graph's size symbols ("2048*s27") when it is symbolic
+    # (dynamic shapes; `bytes` is then None), "" when static
+    size_expr: str = ""
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     return {
         "index": plan.index, "backend": plan.backend, "budget": plan.budget,
         "saved": len(plan.saved), "saved_bytes": sum(fw[n].bytes or 0 for n in plan.saved if n in fw),
+        # saved values of symbolic size (dynamic shapes): not in saved_bytes, their size varies per call
+        "saved_symbolic": sum(1 for n in plan.saved if n in fw and fw[n].bytes is None and fw[n].size_expr),
         "recomputed": len(plan.recomputed), "random_ops": len(plan.random_ops),
         "recomputed_random": list(plan.recomputed_random), "masks": list(plan.masks), "status": plan.status,
         "remat": remat_line(plan.remat) if plan.remat else None,

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from memprof.compile_hooks import _value_info, is_random_node, op_name
+from memprof.compile_hooks import is_random_node, op_name, size_hint
 from memprof.plans import layer_of, module_path
 from memprof.remat.graph import (
     ATTENTION,
@@ -49,9 +49,19 @@ _reports_lock = threading.Lock()
 
 
 def _tensor_bytes(val: Any) -> int:
-    """Bytes of the tensors in a node's value; tensors of symbolic size count nothing."""
+    """Bytes of the tensors in a node's value; a symbolic size counts at its hint (the traced
+    example's value, read without adding a guard), a size without a hint counts nothing."""
+    import torch
+
     vals = val if isinstance(val, (list, tuple)) else [val]
-    return sum(_value_info(v)[2] or 0 for v in vals)
+    total = 0
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            try:
+                total += size_hint(v.numel() * v.element_size()) or 0
+            except Exception:
+                continue
+    return total
 
 
 def _numel(val: Any) -> int:
@@ -59,7 +69,7 @@ def _numel(val: Any) -> int:
 
     if isinstance(val, torch.Tensor):
         try:
-            return int(val.numel())
+            return size_hint(val.numel()) or 0
         except Exception:
             return 0
     return 0
@@ -145,7 +155,7 @@ def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Nod
         if len(mats) >= 2:
             a = mats[-2].meta.get("val")
             try:
-                k = int(a.shape[-1])
+                k = size_hint(a.shape[-1]) or 1
             except Exception:
                 k = 1
         return Node(n.name, HEAVY, inputs, nbytes, -1, 2.0 * numel * k, True, False, layer)

@@ -91,7 +91,8 @@ def format_summary(s: dict[str, Any]) -> str:
         lines.append("")
         for p in s["plans"]:
             lines.append(f"compile plan {p['index']} ({p['backend']}, budget {p['budget']:g}): "
-                         f"{p['saved']} saved values ({fmt_bytes(p['saved_bytes'])}), "
+                         f"{p['saved']} saved values ({fmt_bytes(p['saved_bytes'])}"
+                         + (f" + {p['saved_symbolic']} of symbolic size" if p.get("saved_symbolic") else "") + "), "
                          f"{p['recomputed']} recomputed nodes, "
                          f"{p['random_ops']} random ops, {len(p['masks'])} dropout masks")
             if p.get("remat"):
