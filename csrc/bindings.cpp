@@ -82,6 +82,8 @@ PYBIND11_MODULE(_C, m) {
     return out;
   });
   m.def("dropped", &memprof::dropped_events);
+  m.def("first_dropped_ns", &memprof::first_dropped_ns);
+  m.def("cpu_all_threads_problem", &memprof::cpu_all_threads_problem);
   m.def("max_events", &memprof::max_events);
   m.def("start_ns", &memprof::capture_start_ns);
   m.def("stop_ns", &memprof::capture_stop_ns);

@@ -22,6 +22,11 @@ namespace {
 
 class Reporter;
 
+// Set while the CPU allocator wrapper calls into the allocator it wraps: the default CPU
+// allocator then reports the same allocation or free to the thread's Reporter, which must
+// not record it a second time.
+thread_local bool t_in_cpu_wrapper = false;
+
 struct Session {
   explicit Session(size_t max_events) : store(max_events) {}
   uint64_t generation = 0;
@@ -33,6 +38,7 @@ struct Session {
   std::thread::id owner;
   int64_t t_start = 0;
   int64_t t_stop = 0;
+  std::string cpu_wrapper_problem;  // "" when CPU allocations are seen on every thread
 };
 
 // Sessions are never deleted (their event memory is freed by release()), so a
@@ -107,6 +113,7 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
                          size_t /*total_reserved*/, c10::Device device) override {
     Session* s = session_;
     if (!s->active.load(std::memory_order_relaxed) || alloc_size == 0) return;
+    if (t_in_cpu_wrapper && device.is_cpu()) return;  // recorded by TrackingCPUAllocator
     ThreadState& ts = thread_state(s);
     Event e = make_event(alloc_size > 0 ? kAlloc : kFree, ts);
     e.bytes = alloc_size;
@@ -145,6 +152,159 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
  private:
   Session* session_;
 };
+
+
+// The CPU allocator, wrapped for the capture: PyTorch reports CPU allocations only to the
+// profiler state of the allocating thread (thread-local), so allocations on other Python
+// threads and frees of tensors handed to another thread (a data pipeline's hand-off) would be
+// missed, and an address freed elsewhere would still count as live. The wrapper records every
+// allocation it makes and every free of them, on any thread. The free is recorded before the
+// memory is released and the allocation after it is made, so that events of one address never
+// cross in the store. Its DataPtrs keep context == data (so copy-on-write and raw_allocate
+// keep working), with the wrapped allocator's deleter kept in a map beside the size.
+struct TrackedBlock {
+  size_t size;
+  c10::DeleterFnPtr deleter;
+};
+
+struct BoxedDataPtr {  // an allocation whose context is not its data pointer
+  c10::DataPtr inner;
+  size_t size;
+};
+
+std::mutex& tracked_mu() {
+  static auto* mu = new std::mutex();  // leaked: frees can run during process teardown
+  return *mu;
+}
+std::unordered_map<void*, TrackedBlock>& tracked_blocks() {
+  static auto* blocks = new std::unordered_map<void*, TrackedBlock>();
+  return *blocks;
+}
+
+void record_cpu(uint8_t kind, void* ptr, int64_t bytes) {
+  Session* s = g_active.load(std::memory_order_acquire);
+  if (s == nullptr || g_shutdown.load(std::memory_order_relaxed)) return;
+  ThreadState& ts = thread_state(s);
+  Event e = make_event(kind, ts);
+  e.bytes = bytes;
+  e.ptr = reinterpret_cast<uint64_t>(ptr);
+  e.device_type = static_cast<int8_t>(c10::DeviceType::CPU);
+  e.device_index = -1;
+  s->store.append(e);
+}
+
+class TrackingCPUAllocator;
+std::atomic<TrackingCPUAllocator*> g_cpu_wrapper{nullptr};
+
+class TrackingCPUAllocator final : public c10::Allocator {
+ public:
+  explicit TrackingCPUAllocator(c10::Allocator* inner) : inner_(inner) {}
+
+  c10::DataPtr allocate(size_t n) override {
+    c10::DataPtr dp;
+    {
+      struct Flag {  // restored also when the wrapped allocator throws (out of memory)
+        bool previous = t_in_cpu_wrapper;
+        Flag() { t_in_cpu_wrapper = true; }
+        ~Flag() { t_in_cpu_wrapper = previous; }
+      } flag;
+      dp = inner_->allocate(n);
+    }
+    void* data = dp.get();
+    if (n == 0 || data == nullptr || g_active.load(std::memory_order_acquire) == nullptr) return dp;
+    const c10::Device device = dp.device();
+    if (dp.get_context() == data) {
+      const c10::DeleterFnPtr deleter = dp.get_deleter();
+      {
+        std::lock_guard<std::mutex> lock(tracked_mu());
+        tracked_blocks()[data] = TrackedBlock{n, deleter};
+      }
+      dp.release_context();
+      record_cpu(kAlloc, data, static_cast<int64_t>(n));
+      return c10::DataPtr(data, data, &tracked_delete, device);
+    }
+    auto* box = new BoxedDataPtr{std::move(dp), n};
+    record_cpu(kAlloc, data, static_cast<int64_t>(n));
+    return c10::DataPtr(data, box, &boxed_delete, device);
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return inner_->raw_deleter() != nullptr ? &tracked_delete : nullptr;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    inner_->copy_data(dest, src, count);
+  }
+
+  c10::Allocator* inner() const { return inner_; }
+
+  static void tracked_delete(void* ptr) {
+    TrackedBlock block{0, nullptr};
+    bool found = false;
+    {
+      std::lock_guard<std::mutex> lock(tracked_mu());
+      auto it = tracked_blocks().find(ptr);
+      if (it != tracked_blocks().end()) {
+        block = it->second;
+        found = true;
+        tracked_blocks().erase(it);
+      }
+    }
+    if (found) record_cpu(kFree, ptr, -static_cast<int64_t>(block.size));
+    c10::DeleterFnPtr deleter = block.deleter;
+    if (!found) {  // raw_allocate while no capture ran: the wrapped allocator's own deleter
+      TrackingCPUAllocator* w = g_cpu_wrapper.load();
+      deleter = w != nullptr ? w->inner()->raw_deleter() : nullptr;
+    }
+    if (deleter == nullptr) return;
+    const bool previous = t_in_cpu_wrapper;
+    t_in_cpu_wrapper = true;
+    deleter(ptr);
+    t_in_cpu_wrapper = previous;
+  }
+
+  static void boxed_delete(void* ctx) {
+    auto* box = static_cast<BoxedDataPtr*>(ctx);
+    record_cpu(kFree, box->inner.get(), -static_cast<int64_t>(box->size));
+    const bool previous = t_in_cpu_wrapper;
+    t_in_cpu_wrapper = true;
+    delete box;
+    t_in_cpu_wrapper = previous;
+  }
+
+ private:
+  c10::Allocator* inner_;
+};
+
+// Installed for each capture, uninstalled at stop (tensors it made keep working afterwards: the
+// wrapper is never deleted). Returns "" or why CPU allocations on other threads are not seen.
+uint8_t g_cpu_priority = 0;
+
+std::string install_cpu_wrapper() {
+  c10::Allocator* current = c10::GetAllocator(c10::DeviceType::CPU);
+  TrackingCPUAllocator* w = g_cpu_wrapper.load();
+  if (w != nullptr && current == w) return "";
+  if (w == nullptr || w->inner() != current) {
+    w = new TrackingCPUAllocator(current);
+    g_cpu_wrapper.store(w);
+  }
+  // SetAllocator keeps an allocator registered with a higher priority: take the lowest that works.
+  for (int p = 0; p <= 255; ++p) {
+    c10::SetAllocator(c10::DeviceType::CPU, w, static_cast<uint8_t>(p));
+    if (c10::GetAllocator(c10::DeviceType::CPU) == w) {
+      g_cpu_priority = static_cast<uint8_t>(p);
+      return "";
+    }
+  }
+  return "the CPU allocator could not be wrapped";
+}
+
+void uninstall_cpu_wrapper() {
+  TrackingCPUAllocator* w = g_cpu_wrapper.load();
+  if (w != nullptr && c10::GetAllocator(c10::DeviceType::CPU) == w) {
+    c10::SetAllocator(c10::DeviceType::CPU, w->inner(), g_cpu_priority);
+  }
+}
 
 std::unique_ptr<at::ObserverContext> on_scope_enter(const at::RecordFunction& fn) {
   Session* s = g_active.load(std::memory_order_acquire);
@@ -284,6 +444,7 @@ void start_capture(const CaptureOptions& options) {
   g_last = s;
   if (previous != nullptr) previous->store.clear();
   s->t_start = now_ns();
+  s->cpu_wrapper_problem = install_cpu_wrapper();
   g_active.store(s, std::memory_order_release);
 }
 
@@ -297,6 +458,7 @@ std::string stop_capture() {
   g_active.store(nullptr, std::memory_order_release);
   s->active.store(false);
   s->t_stop = now_ns();
+  uninstall_cpu_wrapper();
   if (s->handle != 0) at::removeCallback(s->handle);
   std::string warning;
   auto* top = c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE);
@@ -322,6 +484,8 @@ std::vector<std::string> strings() {
   return g_last ? g_last->strings.snapshot() : std::vector<std::string>{""};
 }
 uint64_t dropped_events() { return g_last ? g_last->store.dropped() : 0; }
+int64_t first_dropped_ns() { return g_last ? g_last->store.first_dropped_ns() : -1; }
+std::string cpu_all_threads_problem() { return g_last ? g_last->cpu_wrapper_problem : std::string(); }
 size_t max_events() { return g_last ? g_last->store.max_events() : 0; }
 int64_t capture_start_ns() { return g_last ? g_last->t_start : 0; }
 int64_t capture_stop_ns() { return g_last ? g_last->t_stop : 0; }

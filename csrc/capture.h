@@ -39,6 +39,11 @@ size_t event_count();
 size_t copy_events(Event* dst, size_t capacity);
 std::vector<std::string> strings();
 uint64_t dropped_events();
+// Time of the first event that did not fit in max_events (-1 if none).
+int64_t first_dropped_ns();
+// "" when the capture saw CPU allocations and frees on every thread (the CPU allocator was
+// wrapped), else why it saw only those of the capturing thread and its autograd threads.
+std::string cpu_all_threads_problem();
 size_t max_events();
 int64_t capture_start_ns();
 int64_t capture_stop_ns();

@@ -37,6 +37,7 @@ EventStore::EventStore(size_t max_events) : max_events_(max_events) {}
 void EventStore::append(const Event& e) {
   std::lock_guard<std::mutex> lock(mu_);
   if (size_ >= max_events_) {
+    if (dropped_ == 0) first_dropped_ns_ = e.t_ns;
     ++dropped_;
     return;
   }
@@ -54,6 +55,11 @@ size_t EventStore::size() const {
 uint64_t EventStore::dropped() const {
   std::lock_guard<std::mutex> lock(mu_);
   return dropped_;
+}
+
+int64_t EventStore::first_dropped_ns() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return dropped_ ? first_dropped_ns_ : -1;
 }
 
 size_t EventStore::bytes_reserved() const {

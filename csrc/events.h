@@ -77,6 +77,8 @@ class EventStore {
   void append(const Event& e);
   size_t size() const;
   uint64_t dropped() const;
+  // Time of the first event that did not fit (-1 if none): everything after it is incomplete.
+  int64_t first_dropped_ns() const;
   size_t max_events() const { return max_events_; }
   size_t bytes_reserved() const;
   // Copies all events into dst (capacity size() events); returns the count.
@@ -90,6 +92,7 @@ class EventStore {
   size_t size_ = 0;
   size_t max_events_;
   uint64_t dropped_ = 0;
+  int64_t first_dropped_ns_ = -1;
 };
 
 int64_t now_ns();

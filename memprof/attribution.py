@@ -535,10 +535,10 @@ def _known_layer(name: str) -> str:
     return "" if base.startswith("param_groups") else layer_of(base)
 
 
-def point_of(tl: Timeline, at: str, steps: Sequence[tuple[int, int, int]]) -> int:
+def point_of(tl: Timeline, at: str, steps: Sequence[tuple[int, int]]) -> int:
     """Timeline position for `at`: "peak" or "step:N" (the peak within step N); -1 = baseline.
 
-    `steps` are (step number, start_row, end_row).
+    `steps` are (step number, timeline position of its peak) as `timeline.step_stats` finds them.
     """
     if at == "peak":
         return tl.peak_pos
@@ -547,14 +547,10 @@ def point_of(tl: Timeline, at: str, steps: Sequence[tuple[int, int, int]]) -> in
             number = int(at[5:])
         except ValueError:
             raise ValueError(f"bad point {at!r}: expected 'peak' or 'step:N'") from None
-        for s, start, end in steps:
+        for s, peak_pos in steps:
             if s == number:
-                p0 = int(np.searchsorted(tl.rows, start, side="left"))
-                p1 = int(np.searchsorted(tl.rows, end, side="left"))
-                if p1 <= p0:
-                    return p0 - 1
-                return p0 + int(np.argmax(tl.allocated[p0:p1]))
-        raise ValueError(f"no step {number} in this capture (steps: {[s for s, _, _ in steps]})")
+                return peak_pos
+        raise ValueError(f"no step {number} in this capture (steps: {[s for s, _ in steps]})")
     raise ValueError(f"bad point {at!r}: expected 'peak' or 'step:N'")
 
 

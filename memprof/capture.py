@@ -20,7 +20,7 @@ import numpy as np
 from memprof import __version__
 from memprof._events import EVENT_DTYPE, KIND_NAMES, Kind, device_name
 from memprof._native import native
-from memprof.errors import MemprofError
+from memprof.errors import IncompleteCaptureError, MemprofError
 from memprof.plans import CompiledGraph, Plan
 from memprof.timeline import (
     GC_START,
@@ -146,7 +146,51 @@ class Capture:
 
     @property
     def dropped(self) -> int:
+        """Events that did not fit in `max_events` (0: none; all events after the first drop are missing)."""
         return int(self.meta.get("dropped_events", 0))
+
+    @property
+    def exact(self) -> bool:
+        """Whether the capture's peak is the script's exact peak: no event was dropped and the capture
+        was not stopped before the script ended (by torch.profiler starting)."""
+        return not self.dropped and not self.meta.get("stopped_by")
+
+    @property
+    def caveats(self) -> list[str]:
+        """What limits the capture's figures, one line each, most important first (empty: none).
+
+        Reporters print these next to the headline figures, not at the bottom."""
+        meta, out = self.meta, []
+        t0 = int(meta.get("t_start_ns", 0))
+        if self.dropped:
+            first = meta.get("first_dropped_ns")
+            when = f" from {(int(first) - t0) / 1e9:.2f} s on" if isinstance(first, int) and first >= 0 else ""
+            steps = int(meta.get("steps") or 0)
+            kept = int((self.raw["kind"] == Kind.STEP).sum()) if steps else 0
+            of_steps = f"; {kept} of the {steps} steps were captured whole" if steps else ""
+            out.append(f"INCOMPLETE: {self.dropped:,} events were dropped{when} (max_events="
+                       f"{int(meta.get('max_events') or 0):,}){of_steps}: every peak is a lower bound; "
+                       "raise --max-events")
+        if meta.get("stopped_by"):
+            stop = meta.get("t_stop_ns")
+            at = f" at {(int(stop) - t0) / 1e9:.2f} s" if isinstance(stop, int) else ""
+            out.append(f"INCOMPLETE: the capture stopped{at} when the script started {meta['stopped_by']} "
+                       "(they share PyTorch's profiler slot): later allocations are not captured, so the "
+                       "peak is the peak up to there")
+        threads = meta.get("cpu_threads")
+        if isinstance(threads, str) and threads != "all":
+            out.append(f"cpu: only the capturing thread and its autograd threads were seen ({threads}); "
+                       "allocations and frees on other threads are missing")
+        workers = int(meta.get("dataloader_workers") or 0)
+        if workers:
+            out.append(f"{workers} DataLoader worker process(es) ran (num_workers > 0): what they allocate is in "
+                       "other processes, and the batches they hand over arrive in shared memory, which no "
+                       "PyTorch allocator reports; neither is captured")
+        children = int(meta.get("child_processes") or 0)
+        if children:
+            out.append(f"{children} other child process(es) started with multiprocessing: their allocations "
+                       "are not captured")
+        return out
 
     def scope_name(self, scope_id: int) -> str:
         return self.strings[scope_id] if 0 <= scope_id < len(self.strings) else f"<scope {scope_id}>"
@@ -163,19 +207,40 @@ class Capture:
             )
         return self._timelines[device]
 
-    def peak(self, device: str | None = None, step: int | None = None) -> int:
-        """Exact peak live bytes on a device, over the capture or within one step."""
+    def _check_exact(self, what: str) -> None:
+        if self.dropped:
+            raise IncompleteCaptureError(
+                f"{what}: the capture dropped {self.dropped:,} events after max_events="
+                f"{int(self.meta.get('max_events') or 0):,}, so its peak is only a lower bound; pass "
+                "lower_bound=True to get the bound, or capture again with a larger max_events")
+
+    def peak(self, device: str | None = None, step: int | None = None, *, lower_bound: bool = False) -> int:
+        """Exact peak live bytes on a device, over the capture or within one step.
+
+        A capture that dropped events (`dropped`) has no exact peak: this raises
+        IncompleteCaptureError unless `lower_bound` is set, which returns the peak of the events kept
+        (a lower bound). Steps that ended before the first drop are whole and exact either way."""
         if step is None:
+            if not lower_bound:
+                self._check_exact("no exact peak")
             return self.timeline(device).peak
         for s in self.steps(device):
             if s.step == step:
                 return s.peak
         raise MemprofError(f"no step {step} in this capture (steps: {[s.step for s in self.steps(device)]})")
 
-    def steps(self, device: str | None = None) -> list[StepStat]:
-        """Per-step statistics, split at the step markers."""
+    def steps(self, device: str | None = None, tail: bool | None = None) -> list[StepStat]:
+        """Per-step statistics, split at the step markers (the step numbers the script made).
+
+        The events after the last marker are a step (incomplete) only when the capture stopped
+        inside one: the script raised, was interrupted or ran out of memory, events were dropped or
+        torch.profiler stopped the capture; after a normal end they are the script's wrap-up, not a
+        step. `tail` overrides that choice."""
+        if tail is None:
+            tail = (self.meta.get("status") not in (None, "completed", "exit")
+                    or not self.exact)
         return step_stats(self.raw, self.timeline(device), int(self.meta.get("t_start_ns", 0)),
-                          int(self.meta.get("t_stop_ns", 0)))
+                          int(self.meta.get("t_stop_ns", 0)), tail)
 
     def live_at(self, device: str | None = None, pos: int | None = None) -> list[LiveAllocation]:
         """Captured allocations live just after timeline position `pos` (default: the peak), largest first."""
@@ -218,29 +283,36 @@ class Capture:
                                                   pre)
         return self._labels[device]
 
-    def attribution(self, at: str = "peak", by: str = "category", device: str | None = None) -> list[Any]:
+    def attribution(self, at: str = "peak", by: str = "category", device: str | None = None, *,
+                    lower_bound: bool = False) -> list[Any]:
         """What is live at a point, grouped: rows with key, bytes, count, share (and category).
 
-        `at` is "peak" or "step:N" (the peak within step N); `by` is "category", "node",
-        "layer" or "kernel". The rows sum exactly to the live bytes at that point.
+        `at` is "peak" or "step:N" (the peak within step N, as `steps()` finds it); `by` is
+        "category", "node", "layer" or "kernel". The rows sum exactly to the live bytes at that point.
+        At "peak", a capture that dropped events raises IncompleteCaptureError unless `lower_bound`
+        (the peak of the events kept, not the script's).
         """
         from memprof.attribution import BY, point_of, rows_at
 
         if by not in BY:
             raise MemprofError(f"by must be one of {', '.join(BY)}, got {by!r}")
+        if at == "peak" and not lower_bound:
+            self._check_exact("no exact peak to attribute")
         tl = self.timeline(device)
         try:
-            pos = point_of(tl, at, [(s.step, s.start_row, s.end_row) for s in self.steps(device)])
+            pos = point_of(tl, at, [(s.step, s.peak_pos) for s in self.steps(device)])
         except ValueError as exc:
             raise MemprofError(str(exc)) from None
         return rows_at(tl, self.labels(device), pos, by)
 
     def scope_stack_at_peak(self, device: str | None = None) -> list[str]:
-        """The op/kernel scopes open on the peak's thread when the peak was reached (outermost first)."""
+        """The op/kernel scopes open on the peak's thread when the peak was reached (outermost first);
+        the capturing thread's when the peak's thread had none open (a worker thread's allocation)."""
         tl = self.timeline(device)
         if tl.peak_pos < 0:
             return []
-        return [self.scope_name(s) for s in scope_stack_at(self.raw, int(tl.rows[tl.peak_pos]))]
+        stack = scope_stack_at(self.raw, int(tl.rows[tl.peak_pos]), self.meta.get("main_thread"))
+        return [self.scope_name(s) for s in stack]
 
     # -- files --------------------------------------------------------------------------
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -294,6 +366,7 @@ class _Recorder:
         self.explicit_steps = False
         self._undo: list[Callable[[], None]] = []
         self.meta = _base_meta()
+        self.children = {"dataloader": 0, "other": 0}  # processes started with multiprocessing
 
     def _note(self, text: str) -> None:
         self.meta["notes"].append(text)
@@ -339,7 +412,7 @@ class _Recorder:
     def _install(self, torch: Any, autograd_profiler: Any, C: Any, cuda_ready: bool) -> None:
         global _atexit_registered
         if not _atexit_registered:
-            atexit.register(C.shutdown)
+            atexit.register(_at_exit)
             _atexit_registered = True
         # CUDA: the allocator tracker (requested sizes, streams, segments, OOM).
         if C.cuda_built():
@@ -381,6 +454,21 @@ class _Recorder:
 
         gc.callbacks.append(on_gc)
         self._undo.append(lambda: gc.callbacks.remove(on_gc))
+        # Child processes (DataLoader workers above all) allocate where no capture sees: count them so
+        # the capture can say so
+        import multiprocessing.process as mp_process
+
+        original_start = mp_process.BaseProcess.start
+        recorder = self
+
+        def start(proc: Any) -> None:
+            if _active is recorder:
+                target = getattr(getattr(proc, "_target", None), "__module__", "") or ""
+                recorder.children["dataloader" if target.startswith("torch.utils.data") else "other"] += 1
+            original_start(proc)
+
+        mp_process.BaseProcess.start = start  # type: ignore[method-assign,assignment]
+        self._undo.append(lambda: setattr(mp_process.BaseProcess, "start", original_start))
         # Steps: one marker per optimizer step unless the script calls memprof.step().
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -393,8 +481,7 @@ class _Recorder:
             if _active is self and threading.get_ident() == self.thread_ident:
                 message = ("the script started torch.profiler, which shares PyTorch's profiler slot "
                            "with memprof: the capture stopped there; later events are not captured")
-                self._note(message)
-                self.meta["stopped_by"] = "torch.profiler"
+                self.meta["stopped_by"] = "torch.profiler"  # Capture.caveats says so at the top
                 print(f"memprof: {message}", file=sys.stderr)
                 _stop_active()
             original()
@@ -453,6 +540,11 @@ class _Recorder:
         self.meta["t_stop_ns"] = int(C.stop_ns())
         self.meta["t_start_ns"] = int(C.start_ns())
         self.meta["dropped_events"] = int(C.dropped())
+        self.meta["first_dropped_ns"] = int(C.first_dropped_ns()) if self.meta["dropped_events"] else None
+        problem = C.cpu_all_threads_problem()
+        self.meta["cpu_threads"] = problem or "all"
+        self.meta["dataloader_workers"] = self.children["dataloader"]
+        self.meta["child_processes"] = self.children["other"]
         self.meta.setdefault("step_source", None)
         self.meta["steps"] = self.step
         threads = [{"index": i, "tid": tid, "name": name} for i, tid, name in C.threads()]
@@ -482,6 +574,17 @@ def _live_blocks(torch: Any) -> dict[str, list[list[int]]]:
     except Exception:  # an allocator backend without snapshots: bytes stay "before the capture"
         return {}
     return out
+
+
+def _at_exit() -> None:
+    """Interpreter exit with a capture still open (a `capture()` entered and never left): stop it
+    with a warning line instead of a traceback, then stop every hook for good."""
+    if _active is not None:
+        print("memprof: warning: a capture was still open at interpreter exit; it was stopped there "
+              "(nothing is saved unless the script saves it)", file=sys.stderr)
+        with contextlib.suppress(Exception):
+            _stop_active()
+    native().shutdown()
 
 
 def _stop_active() -> None:

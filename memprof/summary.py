@@ -45,7 +45,7 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
         labels = cap.labels(dev)
         live_pos = np.searchsorted(tl.rows, [a.row for a in live[:top]])  # rows are sorted
         categories = [{"category": r.key, "bytes": r.bytes, "count": r.count, "share": r.share}
-                      for r in cap.attribution("peak", "category", dev) if r.bytes]
+                      for r in cap.attribution("peak", "category", dev, lower_bound=True) if r.bytes]
         joins = [c for c in labels.calls]
         reasons: dict[str, int] = defaultdict(int)
         for c in joins:
@@ -106,6 +106,10 @@ def summarize(cap: Capture, top: int = 8) -> dict[str, Any]:
         "events": len(raw),
         "duration_s": (t1 - t0) / 1e9,
         "dropped_events": cap.dropped,
+        # False when a peak is only a lower bound (events dropped, capture stopped early); caveats say why
+        "exact": cap.exact,
+        "caveats": cap.caveats,
+        "steps_run": meta.get("steps"),
         "max_events": meta.get("max_events"),
         "unfollowed_events": unfollowed_count(raw),
         "cuda_tracker": meta.get("cuda_tracker"),
@@ -154,7 +158,9 @@ def rng_warnings(cap: Capture) -> list[str]:
                 f"compiled graph {p.index} ({p.backend}, activation_memory_budget={p.budget:g}) recomputes "
                 f"{len(p.recomputed_random)} random op(s) in the backward: {names}. The backward draws "
                 "fresh random numbers, so dropout masks differ from the forward's and the gradients are "
-                "silently wrong (pytorch/pytorch#190758). Use budget 1.0 for models with dropout, or set "
-                "torch._functorch.config.functionalize_rng_ops=True (CUDA)."
+                "silently wrong (pytorch/pytorch#190758). memprof's remat pass saves the dropout masks instead "
+                "at any budget (memprof trace --remat light, or memprof.remat.enable(\"light\")); otherwise use "
+                "budget 1.0 for models with dropout, or set torch._functorch.config.functionalize_rng_ops=True "
+                "(CUDA)."
             )
     return out

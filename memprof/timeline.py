@@ -183,6 +183,20 @@ def unfollowed_count(raw: np.ndarray) -> int:
     return int(((raw["flags"] & FLAG_UNFOLLOWED_THREAD) != 0).sum())
 
 
+def window_peak(timeline: Timeline, start_row: int, end_row: int) -> tuple[int, int]:
+    """The most live bytes over the events in rows [start_row, end_row), the level at its start
+    included, and the timeline position where it is reached: the position just before the window
+    when the starting level is the highest (-1: the baseline). The one definition of a step's peak
+    (`step_stats`, `attribution.point_of`, `sweep.measure`)."""
+    p0 = timeline.pos_before_row(start_row)
+    p1 = timeline.pos_before_row(end_row)
+    level = timeline.allocated_at_pos(p0)
+    inside = timeline.allocated[p0 + 1 : p1 + 1]
+    if len(inside) and int(inside.max()) > level:
+        return int(inside.max()), p0 + 1 + int(np.argmax(inside))
+    return level, p0
+
+
 @dataclass(frozen=True)
 class StepStat:
     """One training step: the events between two step markers."""
@@ -196,12 +210,16 @@ class StepStat:
     allocated_at_end: int
     reserved_at_end: int | None
     complete: bool
+    peak_pos: int = -1  # timeline position of the peak (`window_peak`)
 
 
-def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: int) -> list[StepStat]:
+def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: int,
+               tail: bool = True) -> list[StepStat]:
     """Per-step peaks: step k spans from marker k-1 (or the capture start) to marker k.
 
-    Events after the last marker form an incomplete final step (when there are any).
+    Events after the last marker form an incomplete final step when `tail` is set (a step the
+    capture stopped in) or when there is no marker at all; otherwise they are the script's end
+    after its last step, not a step.
     """
     markers = np.flatnonzero(raw["kind"] == Kind.STEP)
     bounds = [0, *[int(m) for m in markers]]
@@ -211,13 +229,10 @@ def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: 
         start = bounds[i] if i == 0 else bounds[i] + 1
         end = bounds[i + 1] if i + 1 < len(bounds) else len(raw)
         complete = i + 1 < len(bounds)
-        if not complete and end <= start:
+        if not complete and (end <= start or (not tail and numbers)):
             break
-        p0 = timeline.pos_before_row(start)
+        peak, peak_pos = window_peak(timeline, start, end)
         p1 = timeline.pos_before_row(end)
-        level = timeline.allocated_at_pos(p0)
-        inside = timeline.allocated[p0 + 1 : p1 + 1]
-        peak = max(level, int(inside.max())) if len(inside) else level
         t0 = int(raw["t_ns"][bounds[i]]) if i > 0 else t_start_ns
         t1 = int(raw["t_ns"][end]) if complete else t_stop_ns
         out.append(
@@ -231,14 +246,24 @@ def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: 
                 allocated_at_end=timeline.allocated_at_pos(p1),
                 reserved_at_end=timeline.reserved_before_row(end),
                 complete=complete,
+                peak_pos=peak_pos,
             )
         )
     return out
 
 
-def scope_stack_at(raw: np.ndarray, row: int) -> list[int]:
-    """Open scope ids (outermost first) on the thread of event `row`, just before it."""
-    thread = raw["thread"][row]
+def scope_stack_at(raw: np.ndarray, row: int, fallback_thread: int | None = None) -> list[int]:
+    """Open scope ids (outermost first) on the thread of event `row`, just before it.
+
+    An event on a thread with no scope open (an intra-op worker thread allocating a kernel's buffer,
+    a data pipeline's thread) gets the stack `fallback_thread` (the capturing thread) had then."""
+    stack = _stack_on(raw, row, int(raw["thread"][row]))
+    if not stack and fallback_thread is not None and fallback_thread != int(raw["thread"][row]):
+        stack = _stack_on(raw, row, fallback_thread)
+    return stack
+
+
+def _stack_on(raw: np.ndarray, row: int, thread: int) -> list[int]:
     kinds = raw["kind"][:row]
     mask = (raw["thread"][:row] == thread) & ((kinds == Kind.SCOPE_BEGIN) | (kinds == Kind.SCOPE_END))
     stack: list[int] = []

@@ -130,3 +130,11 @@ def test_blocks_live_at_the_start_are_labelled_and_freed() -> None:
     # a snapshot larger than the baseline is not trusted: everything before stays unattributed
     wrong = label_timeline(raw, [""], tl, tensors=tensors, preexisting=[(0x100, 1 << 20)])
     assert {r.key: r.bytes for r in rows_at(tl, wrong, 1, "category")}["unattributed"] == 2048 + 1024
+
+
+def test_an_unscoped_worker_thread_event_takes_the_capturing_threads_stack() -> None:
+    B, A = Kind.SCOPE_BEGIN, Kind.ALLOC
+    raw = events((B, 0, 0, 1), (B, 0, 0, 2), (A, 64, 1, 0))
+    raw["thread"][2] = 3  # an intra-op worker allocating inside the op the main thread runs
+    assert scope_stack_at(raw, 2) == []
+    assert scope_stack_at(raw, 2, fallback_thread=0) == [1, 2]

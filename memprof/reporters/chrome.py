@@ -111,7 +111,8 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
                 events.append({"ph": "C", "pid": pid, "name": "reserved", "ts": max(ts, 0.0), "args": {"bytes": v}})
         if tl.peak_pos >= 0:
             row = int(tl.rows[tl.peak_pos])
-            events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"peak {fmt_bytes(tl.peak)}",
+            bound = "" if cap.exact else " (lower bound)"
+            events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"peak {fmt_bytes(tl.peak)}{bound}",
                            "cat": "peak", "ts": max(float(us(tl.t_ns[tl.peak_pos])), 0.0),
                            "args": {"bytes": tl.peak, "scope": cap.scope_name(int(raw["scope"][row])),
                                     "stack": " > ".join(cap.scope_stack_at_peak(dev))}})
@@ -131,7 +132,8 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
         "traceEvents": meta_events + events,
         "displayTimeUnit": "ms",
         "otherData": {"generator": f"memprof {cap.meta.get('memprof_version', '')}",
-                      "command": cap.meta.get("command"), "torch": cap.meta.get("torch_version")},
+                      "command": cap.meta.get("command"), "torch": cap.meta.get("torch_version"),
+                      "exact": cap.exact, "caveats": cap.caveats},
     }
 
 

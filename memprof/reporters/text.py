@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from memprof.capture import Capture
+from memprof.errors import printable
 from memprof.reporters import register
 from memprof.summary import fmt_bytes, rng_warnings, summarize
 
@@ -18,7 +19,7 @@ def render_json(cap: Capture, top: int = 8) -> str:
 
 @register("text", "report", ".txt", "peak summary as text")
 def render_text(cap: Capture, top: int = 8) -> str:
-    return format_summary(summarize(cap, top))
+    return printable(format_summary(summarize(cap, top)))
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -29,13 +30,19 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("budget") is not None:
         head += f" · activation_memory_budget={s['budget']}"
     lines.append(head)
+    for c in s.get("caveats", []):
+        lines.append(f"  {c}")
     if s.get("status") not in (None, "completed", "exit"):
         lines.append(f"  the script ended early ({s['status']}): {s.get('error') or ''}".rstrip(": "))
-    lines.append(f"  {'device':<8} {'peak':>12} {'exact bytes':>15} {'at':>9} {'reserved peak':>14} "
-                 f"{'live at peak':>13}")
+    elif s.get("status") == "exit" and s.get("exit_code") not in (None, 0):
+        lines.append(f"  the script called sys.exit({s['exit_code']})")
+    exact = s.get("exact", True)
+    bound = "" if exact else "≥ "
+    lines.append(f"  {'device':<8} {'peak':>12} {'exact bytes' if exact else 'at least bytes':>15} {'at':>9} "
+                 f"{'reserved peak':>14} {'live at peak':>13}")
     for d in s["devices"]:
         lines.append(
-            f"  {d['device']:<8} {fmt_bytes(d['peak_bytes']):>12} {d['peak_bytes']:>15,} "
+            f"  {d['device']:<8} {bound + fmt_bytes(d['peak_bytes']):>12} {d['peak_bytes']:>15,} "
             f"{d['peak_t_s']:>8.3f}s {fmt_bytes(d['reserved_peak_bytes']):>14} {d['live_at_peak']:>13,}"
         )
     for d in s["devices"]:
@@ -103,9 +110,6 @@ def format_summary(s: dict[str, Any]) -> str:
         free = f", {fmt_bytes(o['free_bytes'])} free on the device" if o["free_bytes"] is not None else ""
         lines.append(f"OUT OF MEMORY on {o['device']} at {o['t_s']:.3f}s: requested "
                      f"{fmt_bytes(o['requested_bytes'])}{free} (in {o['scope'] or 'no scope'})")
-    if s["dropped_events"]:
-        lines.append(f"WARNING: {s['dropped_events']:,} events dropped after max_events={s['max_events']:,}: "
-                     "byte counts after that point are incomplete; raise --max-events")
     if s["unfollowed_events"]:
         lines.append(f"note: {s['unfollowed_events']:,} allocator events came from threads memprof does not "
                      "follow (seen by the CUDA tracker only)")
@@ -114,20 +118,29 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _table(cap: Capture, by: str, at: str, device: str | None) -> tuple[list[Any], str]:
+    """Attribution rows at `at`, and what `at` is: a capture that dropped events has only a lower
+    bound of its peak, so "peak" is named for what it is."""
+    rows = cap.attribution(at=at, by=by, device=device, lower_bound=True)
+    label = at if cap.exact or at != "peak" else "peak of the events kept (a lower bound)"
+    return rows, label
+
+
 @register("table", "report", ".txt", "attribution table (memprof report --by)")
 def render_table(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
                  top: int = 20) -> str:
-    rows = cap.attribution(at=at, by=by, device=device)
+    rows, label = _table(cap, by, at, device)
     total = sum(r.bytes for r in rows)
     dev = device or cap.main_device
-    lines = [f"{dev} at {at}: {fmt_bytes(total)} live ({total:,} bytes) by {by}"]
-    width = min(60, max([len(r.key) for r in rows[:top]] + [len(by)]))
+    lines = [f"{dev} at {label}: {fmt_bytes(total)} live ({total:,} bytes) by {by}"]
+    lines.extend(f"  {c}" for c in cap.caveats)
+    width = min(60, max([len(r.key) for r in rows[:top]] + [len(by)]))  # longer keys are printed whole
     head = f"  {by:<{width}} {'bytes':>12} {'share':>7} {'count':>7}"
     if by != "category":
         head += "  category"
     lines.append(head)
     for r in rows[:top]:
-        line = f"  {r.key[:width]:<{width}} {fmt_bytes(r.bytes):>12} {r.share * 100:6.1f}% {r.count:>7,}"
+        line = f"  {r.key:<{width}} {fmt_bytes(r.bytes):>12} {r.share * 100:6.1f}% {r.count:>7,}"
         if by != "category":
             line += f"  {r.category}"
         lines.append(line)
@@ -137,14 +150,15 @@ def render_table(cap: Capture, by: str = "category", at: str = "peak", device: s
                      f"{sum(r.share for r in rest) * 100:6.1f}% {sum(r.count for r in rest):>7,}")
     for w in rng_warnings(cap):
         lines.append(f"WARNING: {w}")
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 @register("table-json", "report", ".json", "attribution table as JSON")
 def render_table_json(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
                       top: int = 0) -> str:
-    rows = cap.attribution(at=at, by=by, device=device)
+    rows, _label = _table(cap, by, at, device)
     return json.dumps({
         "device": device or cap.main_device, "at": at, "by": by, "bytes": sum(r.bytes for r in rows),
-        "rows": [asdict(r) for r in (rows[:top] if top else rows)], "warnings": rng_warnings(cap),
+        "exact": cap.exact or at != "peak", "caveats": cap.caveats,
+        "rows": [asdict(r) for r in (rows[:top] if top else rows)], "warnings": cap.caveats + rng_warnings(cap),
     }, indent=1)

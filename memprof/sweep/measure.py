@@ -22,7 +22,7 @@ from memprof._events import Kind
 from memprof.capture import Capture
 from memprof.plans import CompiledGraph, FxNode, Plan
 from memprof.sweep.estimate import CaptureEstimate
-from memprof.timeline import freed_bytes
+from memprof.timeline import freed_bytes, window_peak
 
 KNAPSACK = "knapsack evaluator"  # the in-tree KnapsackEvaluator's peak, in normalized units (ranking only)
 
@@ -154,7 +154,7 @@ class Measured:
 def _windows(cap: Capture, device: str) -> tuple[list[tuple[int, int, int, int]], str]:
     """(start row, end row, t start, t end) per step."""
     raw = cap.raw
-    steps = cap.steps(device)
+    steps = cap.steps(device, tail=True)  # the events after the last step are a window too
     if len(steps) >= 2:
         return [(s.start_row, s.end_row, s.t_start_ns, s.t_end_ns) for s in steps], "markers"
     t_stop = int(cap.meta.get("t_stop_ns", int(raw["t_ns"][-1]) if len(raw) else 0))
@@ -199,16 +199,10 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     times: list[float] = []
     peak_pos: list[int] = []
     for start, end, t0, t1 in windows:
-        p0 = tl.pos_before_row(start)
-        p1 = tl.pos_before_row(end)
-        level = tl.allocated_at_pos(p0)
-        inside = tl.allocated[p0 + 1: p1 + 1]
-        if len(inside) and int(inside.max()) > level:
-            excess.append(int(inside.max()) - level)
-            peak_pos.append(p0 + 1 + int(np.argmax(inside)))
-        else:
-            excess.append(0)
-            peak_pos.append(max(p0, 0))
+        level = tl.allocated_before_row(start)
+        peak, pos = window_peak(tl, start, end)
+        excess.append(peak - level)
+        peak_pos.append(pos if peak > level else max(pos, 0))
         times.append((t1 - t0) / 1e6)
     measured = slice(1, None) if len(windows) >= 2 else slice(None)
     ex, tm, pp = excess[measured], times[measured], peak_pos[measured]
@@ -232,7 +226,8 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         from memprof.timeline import scope_stack_at
 
         row = int(tl.rows[pos])
-        phase = _phase(cap, [cap.scope_name(s) for s in scope_stack_at(cap.raw, row)])
+        main = cap.meta.get("main_thread")
+        phase = _phase(cap, [cap.scope_name(s) for s in scope_stack_at(cap.raw, row, main)])
     found, walk = estimates(cap.plans, cap.graphs, device)
     return Measured(
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
