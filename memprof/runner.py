@@ -10,6 +10,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import Any
 
 from memprof.errors import MemprofError, one_line
 
@@ -42,23 +43,87 @@ class ScriptResult:
     error: str | None = None  # one line: the exception, for exception/oom
 
 
-class _Terminated(BaseException):
-    """SIGTERM, raised in the main thread so the capture is saved."""
+class Terminated(BaseException):
+    """SIGTERM or SIGHUP, raised in the main thread so the capture is saved."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
+class SignalGuard:
+    """Ctrl-C, SIGTERM and SIGHUP while a script runs under capture, then while memprof saves.
+
+    While the script runs, each ends it (KeyboardInterrupt, or `Terminated` for SIGTERM/SIGHUP) so
+    the capture is saved. From the moment the script has ended (`script_done`, called by
+    `run_script` before anything else happens) no signal can interrupt memprof: one prints that the
+    capture is being saved and is remembered (`received`), so stopping the capture and writing the
+    file always finish. Install on the main thread only (elsewhere it does nothing)."""
+
+    def __init__(self) -> None:
+        self.running = False
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SignalGuard:
+        if _main_thread():
+            for sig in _SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            self.running = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def script_done(self) -> None:
+        """The script has ended: from now on signals wait for the save (the script's own handlers,
+        if it installed any, are replaced)."""
+        self.running = False
+        if self._previous:
+            for sig in _SIGNALS:
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.running:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            raise Terminated(signum)
+        if not self.received:
+            print("memprof: saving the capture, please wait", file=sys.stderr, flush=True)
+        self.received.append(signum)
+
+
+def interrupted(exc: KeyboardInterrupt | Terminated) -> ScriptResult:
+    """The result of a script ended by Ctrl-C, SIGTERM or SIGHUP (`SignalGuard`), said on stderr."""
+    if isinstance(exc, KeyboardInterrupt):
+        print("memprof: interrupted (Ctrl-C); saving the capture", file=sys.stderr)
+        return ScriptResult(130, "interrupted", "KeyboardInterrupt")
+    name = signal.Signals(exc.signum).name
+    print(f"memprof: terminated ({name}); saving the capture", file=sys.stderr)
+    return ScriptResult(128 + exc.signum, "interrupted", name)
 
 
 def _script_traceback(exc: BaseException, path: Path) -> TracebackType | None:
-    """The exception's traceback from the script's first frame on (memprof's frames removed)."""
+    """The exception's traceback from the script's first frame on (memprof's frames removed); None
+    when no frame is the script's (a SyntaxError: Python then shows the offending line itself)."""
     tb = exc.__traceback__
     target = str(path)
     while tb is not None and tb.tb_frame.f_code.co_filename != target:
         tb = tb.tb_next
-    return tb or exc.__traceback__
+    return tb
 
 
-def run_script(path: Path, args: list[str], stop: type[BaseException] | None = None) -> ScriptResult:
+def run_script(path: Path, args: list[str], stop: type[BaseException] | None = None,
+               signals: SignalGuard | None = None) -> ScriptResult:
     """Execute `path` as __main__ with sys.argv = [path, *args]; never raises for script errors.
 
-    `stop`: an exception type a hook raises to end the script early on purpose (status "stopped")."""
+    `stop`: an exception type a hook raises to end the script early on purpose (status "stopped").
+    `signals`: the guard the caller holds around the capture and its save (one is made otherwise)."""
     source = path.read_bytes()
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     saved_main = sys.modules.get("__main__")
@@ -71,23 +136,21 @@ def run_script(path: Path, args: list[str], stop: type[BaseException] | None = N
     else:
         sys.path.insert(0, script_dir)
     sys.modules["__main__"] = main
-
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        raise _Terminated()
-
-    previous_term = signal.signal(signal.SIGTERM, on_sigterm) if _main_thread() else None
+    own = signals is None
+    guard = SignalGuard() if signals is None else signals
+    if own:
+        guard.__enter__()
     try:
-        code = compile(source, str(path), "exec", dont_inherit=True)
-        exec(code, main.__dict__)
+        try:
+            code = compile(source, str(path), "exec", dont_inherit=True)
+            exec(code, main.__dict__)
+        finally:
+            guard.script_done()  # first: a signal from here on must not interrupt memprof
         return ScriptResult(0, "completed")
     except SystemExit as exc:
         return ScriptResult(_exit_code(exc.code), "exit")
-    except KeyboardInterrupt:
-        print("memprof: interrupted (Ctrl-C); the capture is saved", file=sys.stderr)
-        return ScriptResult(130, "interrupted", "KeyboardInterrupt")
-    except _Terminated:
-        print("memprof: terminated (SIGTERM); the capture is saved", file=sys.stderr)
-        return ScriptResult(143, "interrupted", "SIGTERM")
+    except (KeyboardInterrupt, Terminated) as exc:
+        return interrupted(exc)
     except BaseException as exc:  # the script's own error: print it as Python would
         if stop is not None and isinstance(exc, stop):
             return ScriptResult(0, "stopped")
@@ -95,8 +158,8 @@ def run_script(path: Path, args: list[str], stop: type[BaseException] | None = N
         status = "oom" if _is_oom(exc) else "exception"
         return ScriptResult(1, status, one_line(exc))
     finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
+        if own:
+            guard.__exit__(None, None, None)
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0

@@ -22,10 +22,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def one_line_error(res: subprocess.CompletedProcess[str]) -> str:
-    """The single `memprof: error:` line of a failed run (no traceback, nothing else on stderr)."""
+    """The single `memprof: error:` line of a failed run: no traceback, and memprof's only line on
+    stderr (warnings torch prints are not memprof's and may come and go with its version)."""
     assert res.returncode != 0
     assert "Traceback" not in res.stderr, res.stderr
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    lines = [line for line in res.stderr.splitlines() if line.startswith("memprof")]
     assert len(lines) == 1 and lines[0].startswith("memprof: error:"), res.stderr
     return lines[0]
 

@@ -121,7 +121,7 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "other" / "notes.txt").write_text("mine")
     line = one_line_error(run_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "other", "--force",
                                        cwd=tmp_path))
-    assert "not a sweep" in line and (tmp_path / "other" / "notes.txt").exists()
+    assert "not written by memprof sweep" in line and (tmp_path / "other" / "notes.txt").exists()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import sys
 import click
 
 from memprof import __version__
-from memprof.errors import MemprofError
+from memprof.errors import MAX_ERROR_LINE, MemprofError, one_line, printable
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -43,10 +43,10 @@ def main(argv: list[str] | None = None) -> None:
         click.echo("memprof: aborted", err=True)
         sys.exit(130)
     except click.ClickException as exc:
-        click.echo(f"memprof: error: {exc.format_message()}", err=True)
+        click.echo(printable(f"memprof: error: {exc.format_message()}", MAX_ERROR_LINE), err=True)
         sys.exit(exc.exit_code)
     except MemprofError as exc:
-        click.echo(f"memprof: error: {exc}", err=True)
+        click.echo(printable(f"memprof: error: {exc}".splitlines()[0], MAX_ERROR_LINE), err=True)
         sys.exit(1)
     except KeyboardInterrupt:
         click.echo("memprof: interrupted", err=True)
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # an internal error: one line unless debugging
         if os.environ.get("MEMPROF_DEBUG"):
             raise
-        click.echo(f"memprof: internal error: {type(exc).__name__}: {exc} (set MEMPROF_DEBUG=1 for a traceback)",
-                   err=True)
+        click.echo(printable(f"memprof: internal error: {one_line(exc)}", MAX_ERROR_LINE)
+                   + " (set MEMPROF_DEBUG=1 for a traceback)", err=True)
         sys.exit(3)
     sys.exit(rv if isinstance(rv, int) else 0)

@@ -24,13 +24,18 @@ class _Formats(click.Choice):  # type: ignore[type-arg]  # generic only in click
               help="Down-sample counter tracks to about this many points (the peak is always kept).")
 def export(capture_file: str, fmt: str, output: str | None, force: bool, max_counter_points: int | None) -> None:
     """Convert CAPTURE; the Chrome trace opens in ui.perfetto.dev or chrome://tracing."""
-    from memprof.fileformat import check_writable, load
+    from memprof.errors import MemprofError
+    from memprof.fileformat import load
+    from memprof.outputs import check_outputs, resolve, write_text
     from memprof.reporters import get
 
     reporter = get(fmt, "export")
+    out = resolve(output) if output else resolve(Path(capture_file).with_suffix(reporter.suffix))
+    check_outputs({"-o": out}, [("input capture", resolve(capture_file))], force)
     cap = load(capture_file)
-    out = Path(output) if output else Path(capture_file).with_suffix(reporter.suffix)
-    check_writable(out, force)
     options = {"max_counter_points": max_counter_points} if max_counter_points else {}
-    out.write_text(reporter.render(cap, **options))
-    click.echo(f"memprof: wrote {out}", err=True)
+    try:
+        write_text(out, reporter.render(cap, **options))
+    except OSError as exc:
+        raise MemprofError(f"{out} could not be written: {exc.strerror or exc}") from None
+    click.echo(f"memprof: wrote {output or out}", err=True)

@@ -56,7 +56,7 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     budgets = parse_budgets(spec)
     path = check_script(script)
     out = Path(output) if output else Path(f"sweep_{path.stem}")
-    prepare_dir(out, force)
+    prepare_dir(out, force, path)
     variants = ["stock", *dict.fromkeys(remat)]
     total = len(budgets) * len(variants)
     what = "predicting" if predict else "sweeping"

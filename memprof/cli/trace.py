@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from memprof.cli.options import Budget
+from memprof.outputs import write_text
 
 
 def _write_measure(cap: Any, path: Path) -> None:
@@ -24,7 +25,7 @@ def _write_measure(cap: Any, path: Path) -> None:
     except Exception as exc:  # the capture is saved; the sweep measures it from the file instead
         d["measured"] = None
         d["measure_error"] = f"{type(exc).__name__}: {exc}"
-    path.write_text(json.dumps(d))
+    write_text(path, json.dumps(d))
 
 
 def _remat(mode: str) -> contextlib.AbstractContextManager[None]:
@@ -67,16 +68,18 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat
     and everything after `--` goes to the script verbatim. Exits with the script's exit code.
     """
     from memprof.capture import DEFAULT_MAX_EVENTS, capture
-    from memprof.fileformat import check_writable
+    from memprof.outputs import check_outputs, resolve, shown
     from memprof.reporters import render
-    from memprof.runner import check_script, run_script
+    from memprof.runner import SignalGuard, Terminated, check_script, interrupted, run_script
 
+    launch = Path.cwd()
     path = check_script(script)
-    out = Path(output) if output else Path(f"{path.stem}.memprof")
-    check_writable(out, force)
-    chrome_path = Path(chrome) if chrome else None
-    if chrome_path is not None:
-        check_writable(chrome_path, force)
+    # resolved now: the script may chdir (or remove its directory) before the capture is written
+    out = resolve(output or f"{path.stem}.memprof")
+    chrome_path = resolve(chrome) if chrome else None
+    check_outputs({"-o": out, "--chrome": chrome_path,
+                   "--measure-json": resolve(measure_json) if measure_json else None},
+                  [("script", path)], force)
 
     import torch._functorch.config as functorch_config
 
@@ -91,27 +94,54 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat
     }
     cap = None
     result = None
-    try:
-        with _remat(remat), capture(max_events=max_events or DEFAULT_MAX_EVENTS, scopes=scopes,
-                                    kernels=not no_kernel_scopes, meta=meta,
-                                    knapsack_evaluator=measure_json is not None) as cap:
-            result = run_script(path, list(script_args))
-    finally:
-        if cap is not None and not cap.recording:
-            if result is not None:
-                cap.meta.update(status=result.status, exit_code=result.exit_code, error=result.error)
-            else:
-                cap.meta.update(status="memprof-error", exit_code=None)
-            cap.save(out)
-            if result is None:
-                click.echo(f"memprof: partial capture saved to {out}", err=True)
-            if measure_json is not None:
-                _write_measure(cap, Path(measure_json))
-    assert cap is not None and result is not None
-    click.echo(render("text", cap), err=True)
-    if chrome_path is not None:
-        chrome_path.write_text(render("chrome", cap))
-        click.echo(f"memprof: Chrome/Perfetto trace written to {chrome_path} (open in ui.perfetto.dev)", err=True)
-    click.echo(f"memprof: capture saved to {out} (memprof report {out})", err=True)
-    sys.stdout.flush()
+    save_error: str | None = None
+    with SignalGuard() as signals:
+        try:
+            with _remat(remat), capture(max_events=max_events or DEFAULT_MAX_EVENTS, scopes=scopes,
+                                        kernels=not no_kernel_scopes, meta=meta,
+                                        knapsack_evaluator=measure_json is not None) as cap:
+                result = run_script(path, list(script_args), signals=signals)
+        except (KeyboardInterrupt, Terminated) as exc:  # a signal just before the script started
+            if cap is None:
+                raise
+            result = interrupted(exc)
+        finally:
+            signals.script_done()  # nothing interrupts stopping and saving the capture
+            if cap is not None and not cap.recording:
+                if result is not None:
+                    cap.meta.update(status=result.status, exit_code=result.exit_code, error=result.error)
+                else:
+                    cap.meta.update(status="memprof-error", exit_code=None)
+                save_error = _save(cap, out)
+                if result is None and save_error is None:
+                    click.echo(f"memprof: partial capture saved to {shown(out, launch)}", err=True)
+                if measure_json is not None:
+                    _write_measure(cap, resolve(measure_json))
+        assert cap is not None and result is not None
+        click.echo(render("text", cap), err=True)
+        if chrome_path is not None:
+            try:
+                write_text(chrome_path, render("chrome", cap))
+                click.echo(f"memprof: Chrome/Perfetto trace written to {shown(chrome_path, launch)} "
+                           "(open in ui.perfetto.dev)", err=True)
+            except OSError as exc:
+                click.echo(f"memprof: error: the Chrome trace could not be written to {chrome_path}: "
+                           f"{exc.strerror or exc}", err=True)
+        if save_error is None:
+            click.echo(f"memprof: capture saved to {shown(out, launch)} (memprof report {shown(out, launch)})",
+                       err=True)
+        else:
+            click.echo(f"memprof: error: {save_error}", err=True)
+        sys.stdout.flush()
+    if signals.received:  # signals that came while saving: the run ends as they asked, the file written
+        return 128 + signals.received[-1]
     return result.exit_code
+
+
+def _save(cap: Any, out: Path) -> str | None:
+    """Save the capture; why it could not be written (one line), or None. No partial file is left."""
+    try:
+        cap.save(out)
+    except OSError as exc:
+        return f"the capture could not be written to {out}: {exc.strerror or exc}"
+    return None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,18 +29,39 @@ from memprof.sweep.spec import budget_label
 Progress = Callable[[Run], None]
 
 
-def prepare_dir(out: Path, force: bool) -> None:
-    if out.exists():
-        if not out.is_dir():
-            raise MemprofError(f"output {out} exists and is not a directory")
-        if any(out.iterdir()):
-            if not force:
-                raise MemprofError(f"output directory {out} exists and is not empty (use --force to replace it)")
-            if not (out / "sweep.json").exists() and not any(out.glob("*.memprof")):
-                raise MemprofError(f"output directory {out} holds files that are not a sweep's; not replacing it")
-            shutil.rmtree(out)
+# Marks a directory as a sweep memprof wrote: `--force` replaces only such a directory, and in it
+# only the files a sweep writes (SWEEP_FILES), never anything the user put there.
+MANIFEST = ".memprof-sweep.json"
+SWEEP_FILES = ("*.memprof", "sweep.json", "sweep.png", "sweep.svg", "logs/*.log", "logs/*.json")
+
+
+def prepare_dir(out: Path, force: bool, script: Path | None = None) -> None:
+    """Make `out` ready for a sweep: a new or empty directory, or with --force a sweep memprof wrote
+    before (its manifest), whose files are removed. Never the current directory or one holding the
+    script; a directory holding anything else is refused in one line."""
+    here = Path(os.path.realpath(Path.cwd()))
+    real = Path(os.path.realpath(out))
+    if out.exists() and not out.is_dir():
+        raise MemprofError(f"output {out} exists and is not a directory")
+    if real == here or real in here.parents:
+        raise MemprofError(f"output directory {out} is the current directory or holds it; give a new directory")
+    if script is not None and real in Path(os.path.realpath(script)).parents:
+        raise MemprofError(f"output directory {out} holds the script {script}; give a new directory")
+    if out.exists() and any(out.iterdir()):
+        if not force:
+            raise MemprofError(f"output directory {out} exists and is not empty (use --force to replace it)")
+        if not (out / MANIFEST).is_file():
+            raise MemprofError(f"output directory {out} was not written by memprof sweep (no {MANIFEST}); "
+                               "not replacing it: remove it yourself or give a new directory")
+        for pattern in SWEEP_FILES:
+            for f in out.glob(pattern):
+                if f.is_file() and not f.is_symlink():
+                    f.unlink()
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
+    from memprof import __version__
+
+    (out / MANIFEST).write_text(json.dumps({"written_by": f"memprof {__version__}", "files": list(SWEEP_FILES)}))
 
 
 def _gpus() -> list[str]:
