@@ -13,20 +13,19 @@ memprof capture is refused with a one-line CaptureFileError.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE
-from memprof.errors import CaptureFileError, MemprofError
+from memprof._events import EVENT_DTYPE, SEGMENT_KINDS, Kind
+from memprof.errors import CaptureFileError
+from memprof.outputs import atomic_write
 
 if TYPE_CHECKING:
     from memprof.capture import Capture
@@ -36,33 +35,14 @@ FORMAT_NAME = "memprof"
 FORMAT_VERSION = 2  # 2: plans.json and wrappers/ (version 1 files still load)
 
 
-def check_writable(path: Path, force: bool) -> None:
-    """Refuse, in one line, an output path memprof could not (or should not) write."""
-    if path.exists() and path.is_dir():
-        raise MemprofError(f"{path} is a directory; give a file name")
-    if path.exists() and not force:
-        raise MemprofError(f"{path} already exists; pass --force to overwrite it or -o to choose another file")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.exists():
-        raise MemprofError(f"output directory {parent} does not exist")
-    if not parent.is_dir():
-        raise MemprofError(f"output directory {parent} is not a directory")
-    try:
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".memprof-probe-"):
-            pass
-    except OSError as exc:
-        raise MemprofError(f"cannot write to output directory {parent}: {exc.strerror or exc}") from None
-
-
 def save(cap: Capture, path: Path) -> Path:
-    """Write `cap` to `path` atomically (a temporary file renamed into place)."""
+    """Write `cap` to `path` atomically (a temporary file renamed into place, `outputs.atomic_write`)."""
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **cap.meta}
     events = io.BytesIO()
     np.save(events, np.ascontiguousarray(cap.raw), allow_pickle=False)
-    parent = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh, zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+
+    def write(fh: IO[bytes]) -> None:
+        with zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
             zf.writestr("meta.json", json.dumps(meta, indent=1, default=str))
             zf.writestr("events.npy", events.getvalue())
             zf.writestr("strings.json", json.dumps(cap.strings))
@@ -74,25 +54,187 @@ def save(cap: Capture, path: Path) -> Path:
             }, separators=(",", ":")))
             for i, g in enumerate(cap.graphs):
                 zf.writestr(f"wrappers/{i}.py", g.source)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+
+    return atomic_write(path, write)
+
+
+# Members are decompressed only up to their declared size, and that is checked first against the
+# compressed size: a real capture compresses its events about 8x (repetitive loops included) and its
+# JSON and wrapper text rarely past 20x, while a zip bomb's ratio runs to 1000x.
+_MAX_RATIO = {"events.npy": 64}
+_TEXT_RATIO = 200
+_SLACK = 1 << 20
+_MAX_JSON_DEPTH = 64
+# |bytes| of one event; larger is not a real allocation (and sums of such would overflow int64)
+_MAX_EVENT_BYTES = 1 << 50
+_EVENT_KINDS = {k.value for k in Kind}
+_MEMORY_KINDS = (Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED, Kind.CUDA_FREE_COMPLETED,
+                 *SEGMENT_KINDS, Kind.OOM)
+
+
+def _clip(value: Any, limit: int = 60) -> str:
+    """A value from a file, for an error line: repr'd, at most `limit` characters."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _check_member(info: zipfile.ZipInfo, path: Path) -> None:
+    name = _clip(info.filename)
+    if info.flag_bits & 0x1:
+        raise CaptureFileError(f"{path}: corrupt capture ({name} is encrypted)")
+    if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+        raise CaptureFileError(f"{path}: corrupt capture ({name} uses an unsupported compression)")
+    ratio = _MAX_RATIO.get(info.filename, _TEXT_RATIO)
+    if info.file_size > ratio * info.compress_size + _SLACK:
+        raise CaptureFileError(f"{path}: corrupt capture ({name} declares {info.file_size:,} bytes from "
+                               f"{info.compress_size:,} compressed: not a memprof file's ratio)")
+
+
+def _read(zf: zipfile.ZipFile, name: str, path: Path) -> bytes:
+    try:
+        info = zf.getinfo(name)
+    except KeyError:
+        raise CaptureFileError(f"{path}: corrupt capture (missing {name})") from None
+    _check_member(info, path)
+    with zf.open(info) as fh:  # zipfile stops at the declared size and checks the CRC
+        return fh.read(info.file_size + 1)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON, iteratively (deep nesting must not recurse)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        deepest = max(deepest, d)
+        if isinstance(v, dict):
+            stack.extend((x, d + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, d + 1) for x in v)
+    return deepest
 
 
 def _read_json(zf: zipfile.ZipFile, name: str, path: Path) -> Any:
+    data = _read(zf, name, path)
     try:
-        return json.loads(zf.read(name).decode("utf-8"))
-    except KeyError:
-        raise CaptureFileError(f"{path}: corrupt capture (missing {name})") from None
-    except (ValueError, UnicodeDecodeError):
+        value = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise CaptureFileError(f"{path}: corrupt capture ({name} is not valid JSON)") from None
+    if _depth(value) > _MAX_JSON_DEPTH:
+        raise CaptureFileError(f"{path}: corrupt capture ({name} is nested too deeply)")
+    return value
+
+
+def _read_events(zf: zipfile.ZipFile, path: Path) -> np.ndarray:
+    """events.npy: its header checked against the member's declared size before the data is read."""
+    try:
+        info = zf.getinfo("events.npy")
+    except KeyError:
+        raise CaptureFileError(f"{path}: corrupt capture (missing events.npy)") from None
+    _check_member(info, path)
+    bad = f"{path}: corrupt capture (events.npy is not a memprof event array)"
+    with zf.open(info) as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+            else:
+                raise CaptureFileError(bad)
+        except (ValueError, SyntaxError, TypeError, EOFError, OSError):
+            raise CaptureFileError(bad) from None
+        if dtype != EVENT_DTYPE or len(shape) != 1 or fortran:
+            raise CaptureFileError(f"{path}: corrupt capture (events have an unexpected layout)")
+        n = int(shape[0])
+        if n < 0 or fh.tell() + n * EVENT_DTYPE.itemsize != info.file_size:
+            raise CaptureFileError(f"{path}: corrupt capture (events.npy claims {n:,} events, "
+                                   f"its size holds {max(info.file_size - fh.tell(), 0) // EVENT_DTYPE.itemsize:,})")
+        buf = bytearray(n * EVENT_DTYPE.itemsize)
+        if fh.readinto(buf) != len(buf):  # type: ignore[attr-defined]  # a ZipExtFile
+            raise CaptureFileError(f"{path}: truncated capture (events.npy is short)")
+    return np.frombuffer(buf, dtype=EVENT_DTYPE)
+
+
+def _check_events(raw: np.ndarray, strings: list[str], path: Path) -> None:
+    """Event fields in the ranges memprof writes: kinds it knows, devices it names, sizes of real memory."""
+    if not len(raw):
+        return
+    kinds = raw["kind"]
+    unknown = ~np.isin(kinds, np.array(sorted(_EVENT_KINDS), dtype=np.uint8))
+    if unknown.any():
+        i = int(np.argmax(unknown))
+        raise CaptureFileError(f"{path}: corrupt capture (event {i}: unknown kind {int(kinds[i])})")
+    memory = np.isin(kinds, np.array(_MEMORY_KINDS, dtype=np.uint8))
+    device_bad = memory & ~np.isin(raw["device_type"], np.array([0, 1], dtype=np.int8))
+    if device_bad.any():
+        i = int(np.argmax(device_bad))
+        raise CaptureFileError(f"{path}: corrupt capture (event {i}: device type {int(raw['device_type'][i])} "
+                               "is neither cpu nor cuda)")
+    size = np.abs(raw["bytes"].astype(np.float64))
+    huge = memory & (size > _MAX_EVENT_BYTES)
+    if huge.any():
+        i = int(np.argmax(huge))
+        raise CaptureFileError(f"{path}: corrupt capture (event {i}: {int(raw['bytes'][i]):,} bytes is not "
+                               "a real allocation)")
+    if float(size[memory].sum()) > 2.0**62:
+        raise CaptureFileError(f"{path}: corrupt capture (event sizes add up past what 64-bit counts hold)")
+    if int(raw["scope"].max()) >= len(strings):
+        raise CaptureFileError(f"{path}: corrupt capture (scope ids outside the string table)")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# The meta.json fields memprof reads, and what each must be (absent or null is always allowed;
+# fields it does not know are kept, for later memprofs' files).
+_META_FIELDS: dict[str, tuple[str, Any]] = {
+    "t_start_ns": ("an integer", _is_int), "t_stop_ns": ("an integer", _is_int),
+    "first_dropped_ns": ("an integer", _is_int),
+    "dropped_events": ("an integer", lambda v: _is_int(v) and v >= 0),
+    "max_events": ("an integer", lambda v: _is_int(v) and v >= 0),
+    "steps": ("an integer", lambda v: _is_int(v) and v >= 0),
+    "exit_code": ("an integer", _is_int), "main_thread": ("an integer", _is_int),
+    "dataloader_workers": ("an integer", lambda v: _is_int(v) and v >= 0),
+    "child_processes": ("an integer", lambda v: _is_int(v) and v >= 0),
+    "budget": ("a number", _is_number),
+    "notes": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "baselines": ("{device: {allocated, reserved}}", lambda v: isinstance(v, dict) and all(
+        isinstance(d, dict) and all(_is_int(x) for x in d.values()) for d in v.values())),
+    "preexisting": ("{device: [[ptr, bytes], ...]}", lambda v: isinstance(v, dict) and all(
+        isinstance(blocks, list) and all(isinstance(b, list) and len(b) == 2 and all(_is_int(x) for x in b)
+                                         for b in blocks) for blocks in v.values())),
+    **{k: ("a string", lambda v: isinstance(v, str)) for k in (
+        "command", "status", "error", "stopped_by", "cuda_tracker", "cpu_threads", "step_source", "scopes",
+        "memprof_version", "torch_version", "cuda_version", "python_version", "plans", "remat", "script",
+        "allocator_backend", "cpu_note")},
+}
+
+
+def _check_meta(meta: dict[str, Any], path: Path) -> None:
+    for key, (what, ok) in _META_FIELDS.items():
+        if meta.get(key) is not None and not ok(meta[key]):
+            raise CaptureFileError(f"{path}: corrupt capture (meta.json {key} is not {what}: {_clip(meta[key])})")
+
+
+def _check_threads(threads: Any, path: Path) -> list[dict[str, Any]]:
+    ok = isinstance(threads, list) and all(
+        isinstance(t, dict) and _is_int(t.get("index")) and _is_int(t.get("tid")) and isinstance(t.get("name"), str)
+        for t in threads)
+    if not ok:
+        raise CaptureFileError(f"{path}: corrupt capture (threads.json is not a list of {{index, tid, name}})")
+    return list(threads)
 
 
 def load(path: str | os.PathLike[str]) -> Capture:
-    """Read a .memprof file written by `Capture.save` or `memprof trace`."""
+    """Read a .memprof file written by `Capture.save` or `memprof trace`.
+
+    Every member is checked before it is used (declared sizes against the file, JSON types, event
+    fields in range): a truncated, corrupt or hostile file is refused with one CaptureFileError line."""
     from memprof.capture import Capture
 
     p = Path(path)
@@ -108,41 +250,36 @@ def load(path: str | os.PathLike[str]) -> Capture:
             meta = _read_json(zf, "meta.json", p)
             if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
                 raise CaptureFileError(f"{p}: not a memprof capture")
-            version = meta.get("format_version")
-            if not isinstance(version, int) or version < 1:
-                raise CaptureFileError(f"{p}: unknown capture format version {version!r}")
+            version: Any = meta.get("format_version")
+            if not _is_int(version) or version < 1:
+                raise CaptureFileError(f"{p}: unknown capture format version {_clip(version)}")
             if version > FORMAT_VERSION:
                 raise CaptureFileError(
                     f"{p}: written by a newer memprof (format version {version}; this memprof "
                     f"reads up to {FORMAT_VERSION}): upgrade memprof to read it"
                 )
-            try:
-                raw = np.load(io.BytesIO(zf.read("events.npy")), allow_pickle=False)
-            except KeyError:
-                raise CaptureFileError(f"{p}: corrupt capture (missing events.npy)") from None
+            _check_meta(meta, p)
+            raw = _read_events(zf, p)
             strings = _read_json(zf, "strings.json", p)
             threads = _read_json(zf, "threads.json", p)
             plans_doc = _read_json(zf, "plans.json", p) if "plans.json" in names else {}
-            sources = {n: zf.read(n).decode("utf-8", "replace") for n in names if n.startswith("wrappers/")}
+            sources = {n: _read(zf, n, p).decode("utf-8", "replace") for n in names if n.startswith("wrappers/")}
     except CaptureFileError:
         raise
-    except (zipfile.BadZipFile, zlib.error, EOFError):
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError):
         raise CaptureFileError(f"{p}: truncated or corrupt capture (not a readable memprof file)") from None
-    except ValueError as exc:
-        raise CaptureFileError(f"{p}: corrupt capture ({exc})") from None
+    except (ValueError, NotImplementedError, RuntimeError) as exc:
+        raise CaptureFileError(f"{p}: corrupt capture ({_clip(str(exc), 120)})") from None
     except OSError as exc:
         raise CaptureFileError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if raw.dtype != EVENT_DTYPE or raw.ndim != 1:
-        raise CaptureFileError(f"{p}: corrupt capture (events have an unexpected layout)")
-    if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
+    if not isinstance(strings, list) or not strings or not all(isinstance(s, str) for s in strings):
         raise CaptureFileError(f"{p}: corrupt capture (bad string table)")
-    if len(raw) and int(raw["scope"].max()) >= len(strings):
-        raise CaptureFileError(f"{p}: corrupt capture (scope ids outside the string table)")
+    _check_events(raw, strings, p)
+    threads = _check_threads(threads, p)
     plans, graphs, tensors = _plans(plans_doc, sources, p)
     meta.pop("format", None)
     meta["format_version_read"] = meta.pop("format_version")
-    cap = Capture(raw=raw, strings=strings, meta=meta, threads=threads if isinstance(threads, list) else [],
-                  plans=plans, graphs=graphs, tensors=tensors)
+    cap = Capture(raw=raw, strings=strings, meta=meta, threads=threads, plans=plans, graphs=graphs, tensors=tensors)
     cap.meta["path"] = str(p)
     return cap
 
@@ -153,10 +290,12 @@ def _plans(doc: Any, sources: dict[str, str], path: Path) -> tuple[list[Plan], l
     if not doc:
         return [], [], []
     try:
+        if not isinstance(doc, dict):
+            raise TypeError("not an object")
         plans = [Plan.from_json(d) for d in doc.get("plans", [])]
         graphs = [CompiledGraph.from_json(d, sources.get(f"wrappers/{i}.py", ""))
                   for i, d in enumerate(doc.get("graphs", []))]
         tensors = [(int(t[0]), str(t[1]), int(t[2]), int(t[3]), str(t[4]), str(t[5])) for t in doc.get("tensors", [])]
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         raise CaptureFileError(f"{path}: corrupt capture (bad plans.json: {type(exc).__name__})") from None
     return plans, graphs, tensors

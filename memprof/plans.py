@@ -8,7 +8,7 @@ is plain data with JSON round-trips; nothing imports torch.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from typing import Any
 
@@ -89,15 +89,16 @@ class Plan:
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Plan:
-        def graph(g: dict[str, Any]) -> FxGraph:
-            return FxGraph([FxNode(**n) for n in g["nodes"]])
+        def graph(g: dict[str, Any]) -> FxGraph:  # fields a later memprof adds are skipped
+            return FxGraph([FxNode(**{k: v for k, v in n.items() if k in _FX_FIELDS}) for n in g["nodes"]])
 
         return Plan(
             index=int(d["index"]), backend=str(d["backend"]), partitioner=str(d.get("partitioner", "")),
             budget=float(d["budget"]), num_fwd_outputs=int(d["num_fwd_outputs"]),
             forward=graph(d["forward"]), backward=graph(d["backward"]), saved=list(d["saved"]),
             recomputed=list(d["recomputed"]),
-            recompute_sites=[RecomputedNode(**r) for r in d["recompute_sites"]], random_ops=list(d["random_ops"]),
+            recompute_sites=[RecomputedNode(**{k: v for k, v in r.items() if k in _RECOMPUTED_FIELDS})
+                             for r in d["recompute_sites"]], random_ops=list(d["random_ops"]),
             recomputed_random=list(d["recomputed_random"]), masks=list(d.get("masks", [])),
             status=str(d.get("status", "ok")), notes=list(d.get("notes", [])), remat=d.get("remat"),
             knapsack_peak=None if d.get("knapsack_peak") is None else float(d["knapsack_peak"]),
@@ -144,6 +145,8 @@ class CompiledGraph:
         )
 
 
+_FX_FIELDS = {f.name for f in fields(FxNode)}
+_RECOMPUTED_FIELDS = {f.name for f in fields(RecomputedNode)}
 _PREFIX = re.compile(r"^L\['(?:self|args)'\](?:\[\d+\])?\.?")
 
 

@@ -23,7 +23,9 @@ DTYPE_BYTES = {
 }
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-_ALLOC = re.compile(rf"^({_NAME}) = empty_strided_(\w+)\(\((.*?)\), \((.*?)\), torch\.(\w+)")
+_EMPTY_HEAD = re.compile(rf"^({_NAME}) = (?:empty_strided_(\w+)|(?:torch\.)?empty_strided)\(")
+_DTYPE_ARG = re.compile(r"\s*torch\.(\w+)")
+_DTYPE_KW = re.compile(r"dtype=torch\.(\w+)")
 _ALIAS = re.compile(rf"^({_NAME}) = reinterpret_tensor\(({_NAME}),")
 _COPY = re.compile(rf"^({_NAME}) = ({_NAME})(\[\d+\])?(;|$)")
 _EXTERN_ASSIGN = re.compile(rf"^({_NAME}) = (torch\.ops\.)?(\w+)\.(\w+)(?:\.(\w+))?\(")
@@ -36,6 +38,60 @@ _ARGS = re.compile(rf"^((?:{_NAME}, )*{_NAME}),? = args$")
 _OUT_KW = re.compile(rf"out=({_NAME})")
 _BUF_REF = re.compile(rf"\b({_NAME})\b")
 _SOURCE = re.compile(r"^# Topologically Sorted Source Nodes: \[(.*?)\](?:, Original ATen: \[(.*?)\])?")
+
+
+@dataclass(frozen=True)
+class EmptyStrided:
+    """`buf = empty_strided_<device>((sizes), (strides), torch.<dtype>)`, or the same through
+    `torch.empty_strided(..., dtype=torch.<dtype>)` (device None)."""
+
+    name: str
+    device: str | None
+    shape: str  # the text between the parentheses
+    stride: str
+    dtype: str
+
+
+def _group_end(text: str, i: int) -> int:
+    """Index of the parenthesis closing the one at text[i], or -1 (one pass: linear in the line)."""
+    depth = 0
+    for j in range(i, len(text)):
+        ch = text[j]
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0:
+                return j
+    return -1
+
+
+def match_empty_strided(text: str) -> EmptyStrided | None:
+    """An allocation line of the wrapper, parsed in linear time (a regex with two lazy groups
+    backtracks quadratically on a line of many `(a), (` pieces)."""
+    head = _EMPTY_HEAD.match(text)
+    if head is None:
+        return None
+    groups: list[str] = []
+    pos = head.end()
+    for _ in range(2):
+        if not text.startswith("(", pos):
+            return None
+        end = _group_end(text, pos)
+        if end < 0:
+            return None
+        groups.append(text[pos + 1 : end])
+        pos = end + 1
+        if not text.startswith(",", pos):
+            return None
+        pos += 1
+        while pos < len(text) and text[pos] == " ":
+            pos += 1
+    device = head.group(2)
+    m = _DTYPE_ARG.match(text, pos) if device is not None else _DTYPE_KW.search(text, pos)
+    if m is None:
+        return None
+    return EmptyStrided(head.group(1), device, groups[0], groups[1], m.group(1))
 
 
 @dataclass(frozen=True)
@@ -194,11 +250,11 @@ def parse_wrapper(source: str) -> WrapperCode:
             inputs = tuple(s.strip() for s in m.group(1).split(","))
             known.update(inputs)
             continue
-        m = _ALLOC.match(text)
-        if m:
-            name, _device, shape, stride, dtype = m.groups()
-            allocs.append(AllocSite(name, _nbytes(shape, stride, dtype), f"({shape})", dtype, line_no))
-            known.add(name)
+        alloc = match_empty_strided(text)
+        if alloc is not None and alloc.device is not None:
+            allocs.append(AllocSite(alloc.name, _nbytes(alloc.shape, alloc.stride, alloc.dtype), f"({alloc.shape})",
+                                    alloc.dtype, line_no))
+            known.add(alloc.name)
             continue
         m = _ALIAS.match(text)
         if m:

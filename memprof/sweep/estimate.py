@@ -29,10 +29,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from memprof.plans import FxGraph, FxNode, Plan
-from memprof.wrapper_code import _ALIAS, _ALLOC, _ARGS, _COPY, _NAME, _RETURN, _SOURCE, _call_body, _nbytes, _split_top
+from memprof.wrapper_code import (
+    _ALIAS,
+    _ARGS,
+    _COPY,
+    _NAME,
+    _RETURN,
+    _SOURCE,
+    _call_body,
+    _nbytes,
+    _split_top,
+    match_empty_strided,
+)
 
 # beyond the parser's patterns: sizes of torch.empty_strided, fresh extern outputs, every del, a name
-_TORCH_EMPTY = re.compile(rf"^({_NAME}) = (?:torch\.)?empty_strided\(\((.*?)\), \((.*?)\).*dtype=torch\.(\w+)")
 _FRESH = re.compile(rf"^({_NAME}) = (?:torch\.ops\.aten|aten|extern_kernels|torch\.ops\.\w+)\.(\w+)(?:\.(\w+))?\(")
 _DEL = re.compile(rf"\bdel ({_NAME}(?:\s*,\s*{_NAME})*)")
 _REF = re.compile(rf"({_NAME})")
@@ -141,10 +151,8 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
                     bind(name, inputs[name][0])
             continue
         stmt = text.split(";")[0].strip()
-        if m := _ALLOC.match(stmt):  # name, device, shape, stride, dtype
-            new(m.group(1), _nbytes(m.group(3), m.group(4), m.group(5)) or 0, "empty_strided")
-        elif m := _TORCH_EMPTY.match(stmt):
-            new(m.group(1), _nbytes(m.group(2), m.group(3), m.group(4)) or 0, "empty_strided")
+        if alloc := match_empty_strided(stmt):  # empty_strided_<device> or torch.empty_strided
+            new(alloc.name, _nbytes(alloc.shape, alloc.stride, alloc.dtype) or 0, "empty_strided")
         elif (m := _ALIAS.match(stmt)) or (m := _COPY.match(stmt)):
             if m.group(2) in names:
                 bind(m.group(1), names[m.group(2)])

@@ -1,0 +1,332 @@
+"""Hostile and broken capture files: each is refused at load with one "corrupt capture" line, in
+bounded time and memory, or reported correctly; never an internal error."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import memprof
+from memprof._events import EVENT_DTYPE
+from memprof.errors import CaptureFileError, MemprofError
+from memprof.wrapper_code import parse_wrapper
+
+from .conftest import one_line_error, run_memprof
+
+FIXTURE = Path(__file__).parent / "fixtures" / "tiny_compiled.memprof"
+
+
+def _members(path: Path = FIXTURE) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as zf:
+        return {n: zf.read(n) for n in zf.namelist()}
+
+
+def _write(dst: Path, members: dict[str, bytes], compress: int = zipfile.ZIP_DEFLATED) -> Path:
+    with zipfile.ZipFile(dst, "w", compress) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return dst
+
+
+def _with_meta(tmp_path: Path, **changes: object) -> Path:
+    members = _members()
+    meta = json.loads(members["meta.json"])
+    meta.update(changes)
+    members["meta.json"] = json.dumps(meta).encode()
+    return _write(tmp_path / "meta.memprof", members)
+
+
+def _with_events(tmp_path: Path, change: Callable[[np.ndarray], None]) -> Path:
+    members = _members()
+    raw = np.load(io.BytesIO(members["events.npy"])).copy()
+    change(raw)
+    buf = io.BytesIO()
+    np.save(buf, raw)
+    members["events.npy"] = buf.getvalue()
+    return _write(tmp_path / "events.memprof", members)
+
+
+def test_the_fixture_loads_and_reports() -> None:
+    cap = memprof.load(FIXTURE)
+    assert cap.plans and cap.graphs and cap.exact
+    rows = cap.attribution(by="node")
+    assert sum(r.bytes for r in rows) == cap.peak("cpu")
+
+
+@pytest.mark.parametrize(("changes", "needle"), [
+    ({"baselines": "cpu"}, "baselines"),
+    ({"baselines": [1, 2]}, "baselines"),
+    ({"t_start_ns": "soon"}, "t_start_ns is not an integer"),
+    ({"notes": "a string, printed one character a line"}, "notes is not a list of strings"),
+    ({"format_version": True}, "unknown capture format version True"),
+    ({"format_version": "2" * 5000}, "unknown capture format version"),
+    ({"dropped_events": -1}, "dropped_events"),
+    ({"preexisting": {"cuda:0": [[1]]}}, "preexisting"),
+])
+def test_meta_of_the_wrong_types_is_refused(tmp_path: Path, changes: dict[str, object], needle: str) -> None:
+    with pytest.raises(CaptureFileError, match=r"corrupt capture|format version") as info:
+        memprof.load(_with_meta(tmp_path, **changes))
+    assert needle in str(info.value) and len(str(info.value)) < 300
+
+
+def test_deeply_nested_json_is_refused(tmp_path: Path) -> None:
+    members = _members()
+    members["plans.json"] = b"[" * 100_000 + b"]" * 100_000
+    with pytest.raises(CaptureFileError, match=r"plans\.json is not valid JSON|nested too deeply"):
+        memprof.load(_write(tmp_path / "deep.memprof", members))
+    members = _members()
+    meta = json.loads(members["meta.json"])
+    nested: object = 1
+    for _ in range(200):
+        nested = [nested]
+    meta["extra"] = nested
+    members["meta.json"] = json.dumps(meta).encode()
+    with pytest.raises(CaptureFileError, match="nested too deeply"):
+        memprof.load(_write(tmp_path / "deep2.memprof", members))
+
+
+def test_an_events_header_claiming_too_many_events_is_refused(tmp_path: Path) -> None:
+    members = _members()
+    data = members["events.npy"]
+    header_len = struct.unpack("<H", data[8:10])[0]
+    header = data[10 : 10 + header_len].decode("latin1")
+    n = int(header.split("'shape': (")[1].split(",")[0])
+    fake = header.replace(f"'shape': ({n},)", f"'shape': ({10**11},)")
+    fake = fake.ljust(header_len - 1) + "\n" if len(fake) < header_len else fake
+    members["events.npy"] = data[:8] + struct.pack("<H", len(fake)) + fake.encode("latin1") + data[10 + header_len:]
+    with pytest.raises(CaptureFileError, match="claims 100,000,000,000 events"):
+        memprof.load(_write(tmp_path / "claim.memprof", members))
+
+
+@pytest.mark.parametrize(("field", "value", "needle"), [
+    ("kind", 200, "unknown kind 200"),
+    ("device_type", 7, "device type 7"),
+    ("bytes", np.iinfo(np.int64).max, "not a real allocation"),
+])
+def test_event_fields_out_of_range_are_refused(tmp_path: Path, field: str, value: int, needle: str) -> None:
+    def change(raw: np.ndarray) -> None:
+        first = int(np.flatnonzero(raw["kind"] == 0)[0])  # an allocation
+        raw[field][first] = value
+
+    with pytest.raises(CaptureFileError, match=needle):
+        memprof.load(_with_events(tmp_path, change))
+
+
+def test_short_plan_rows_and_junk_threads_are_refused(tmp_path: Path) -> None:
+    members = _members()
+    doc = json.loads(members["plans.json"])
+    doc["tensors"] = [[1, 2]]
+    members["plans.json"] = json.dumps(doc).encode()
+    with pytest.raises(CaptureFileError, match=r"bad plans\.json"):
+        memprof.load(_write(tmp_path / "plans.memprof", members))
+    members = _members()
+    members["threads.json"] = b'"junk"'
+    with pytest.raises(CaptureFileError, match=r"threads\.json"):
+        memprof.load(_write(tmp_path / "threads.memprof", members))
+
+
+def test_unsupported_compression_and_encryption_are_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path / "bz.memprof", _members(), zipfile.ZIP_BZIP2)
+    with pytest.raises(CaptureFileError, match="unsupported compression"):
+        memprof.load(path)
+    data = bytearray(_write(tmp_path / "plain.memprof", _members(), zipfile.ZIP_STORED).read_bytes())
+    # set the "encrypted" bit of every member, in the local headers and the central directory
+    for sig, offset in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        start = 0
+        while (i := data.find(sig, start)) >= 0:
+            data[i + offset] |= 1
+            start = i + 4
+    (tmp_path / "enc.memprof").write_bytes(bytes(data))
+    with pytest.raises(CaptureFileError, match="encrypted"):
+        memprof.load(tmp_path / "enc.memprof")
+
+
+@pytest.mark.parametrize("member", ["events.npy", "meta.json", "wrappers/0.py"])
+def test_zip_bombs_are_refused_before_they_are_read(tmp_path: Path, member: str) -> None:
+    members = _members()
+    path = tmp_path / "bomb.memprof"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            if name != member:
+                zf.writestr(name, data)
+        with zf.open(member, "w", force_zip64=True) as fh:
+            chunk = b"\0" * (16 << 20)
+            for _ in range(16):  # 256 MiB that compress to about 256 kB
+                fh.write(chunk)
+    t0 = time.perf_counter()
+    with pytest.raises(CaptureFileError, match="not a memprof file's ratio"):
+        memprof.load(path)
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_wrapper_parsing_is_linear() -> None:
+    for n in (20_000, 200_000):
+        src = "def call(args):\n    bufX = empty_strided_cpu((" + "a), (" * n + "\n    return ()\n"
+        t0 = time.perf_counter()
+        parse_wrapper(src)
+        assert time.perf_counter() - t0 < 1.0
+    from memprof.sweep.estimate import walk_wrapper
+
+    t0 = time.perf_counter()
+    walk_wrapper(src, None)  # memprof's estimate parses the same lines
+    assert time.perf_counter() - t0 < 1.0
+
+
+def test_a_hostile_wrapper_line_reports_quickly(tmp_path: Path) -> None:
+    members = _members()
+    line = b"        bufX = empty_strided_cpu((" + b"a), (" * 200_000 + b"\n"
+    members["wrappers/0.py"] = members["wrappers/0.py"].replace(b"        return (", line + b"        return (", 1)
+    assert line in members["wrappers/0.py"]
+    path = _write(tmp_path / "slow.memprof", members)
+    t0 = time.perf_counter()
+    res = run_memprof("report", str(path), "--by", "node", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert time.perf_counter() - t0 < 30  # a process start and a report; 42.7 s before for N = 20,000
+
+
+def test_error_lines_are_bounded_and_escaped(tmp_path: Path) -> None:
+    path = _with_meta(tmp_path, format_version="\x1b[2J" + "9" * 5000)
+    line = one_line_error(run_memprof("report", str(path), cwd=tmp_path))
+    assert len(line) <= 400 and "\x1b" not in line
+
+
+# -- the fuzz test -------------------------------------------------------------------------------
+
+_FUZZ = r'''
+import io, json, random, resource, sys, time, zipfile
+import memprof
+from memprof.errors import MemprofError
+from memprof.reporters import render
+
+src = sys.argv[1]
+cases = json.loads(sys.argv[2])
+data = open(src, "rb").read()
+with zipfile.ZipFile(src) as zf:
+    members = {n: zf.read(n) for n in zf.namelist()}
+    infos = zf.infolist()
+
+def attempt(blob):
+    path = "/tmp/memprof-fuzz-%d.memprof" % id(blob)
+    open(path, "wb").write(blob)
+    t0 = time.perf_counter()
+    try:
+        cap = memprof.load(path)
+        for device in cap.devices:
+            render("text", cap)
+            render("json", cap)
+            render("table", cap, by="node", device=device)
+            render("table-json", cap, by="category", device=device)
+            render("chrome", cap)
+        outcome = "ok"
+    except MemprofError as exc:
+        text = str(exc)
+        assert "\n" not in text and len(text) < 400, text
+        outcome = "refused"
+    return outcome, time.perf_counter() - t0
+
+def rezip(changed):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for n, d in members.items():
+            zf.writestr(n, changed.get(n, d))
+    return buf.getvalue()
+
+assert attempt(data)[0] == "ok", "the unmutated file must load and report"  # also warms imports
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+rng = random.Random(cases["seed"])
+results = []
+# truncation at every member boundary (local header, data start, data end) and the central directory
+cuts = sorted({i.header_offset for i in infos} | {i.header_offset + 30 + len(i.filename) for i in infos}
+              | {i.header_offset + 30 + len(i.filename) + i.compress_size for i in infos} | {len(data) - 22})
+for cut in cuts:
+    results.append(("truncate %d" % cut,) + attempt(data[:cut]))
+for name, d in members.items():
+    for k in range(cases["mutations"]):
+        b = bytearray(d)
+        for _ in range(rng.randint(1, 8)):
+            pos = rng.randrange(len(b)) if b else 0
+            op = rng.randrange(3)
+            if op == 0 and b:
+                b[pos] = rng.randrange(256)
+            elif op == 1:
+                b[pos:pos] = bytes(rng.randrange(256) for _ in range(rng.randint(1, 16)))
+            elif b:
+                del b[pos:pos + rng.randint(1, 64)]
+        results.append(("mutate %s %d" % (name, k),) + attempt(rezip({name: bytes(b)})))
+# oversize declarations: each member's sizes in the central directory set to 6 GiB
+for i in infos:
+    b = bytearray(data)
+    cd = b.find(b"PK\x01\x02")
+    while cd >= 0:
+        name_len = int.from_bytes(b[cd + 28:cd + 30], "little")
+        if bytes(b[cd + 46:cd + 46 + name_len]).decode() == i.filename:
+            b[cd + 24:cd + 28] = (0xFFFFFFF0).to_bytes(4, "little")
+            break
+        cd = b.find(b"PK\x01\x02", cd + 4)
+    results.append(("oversize %s" % i.filename,) + attempt(bytes(b)))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"results": results, "rss_growth_kb": peak - base}))
+'''
+
+
+def test_fuzzed_capture_files_never_crash_hang_or_balloon(tmp_path: Path) -> None:
+    """Truncation at every member boundary, random mutation of every member, oversize declared
+    sizes: each case ends in a one-line refusal or a correct report, each in at most 2 s, and the
+    whole run grows the process by under 500 MB; never an internal error."""
+    cases = {"seed": 17, "mutations": 25}
+    res = subprocess.run([sys.executable, "-c", _FUZZ, str(FIXTURE), json.dumps(cases)], capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    doc = json.loads(res.stdout.splitlines()[-1])
+    results = doc["results"]
+    assert len(results) > 80
+    slow = [(what, round(t, 2)) for what, _outcome, t in results if t > 2.0]
+    assert not slow
+    outcomes = {outcome for _what, outcome, _t in results}
+    assert outcomes <= {"ok", "refused"} and "refused" in outcomes
+    assert all(outcome == "refused" for what, outcome, _t in results if what.startswith(("truncate", "oversize")))
+    assert doc["rss_growth_kb"] < 500 * 1024
+
+
+def test_random_seeds_of_the_fuzzer(tmp_path: Path) -> None:
+    """Mutations of the events alone, under other seeds: the analysis copes with any event array
+    that passes the loader's checks."""
+    rng = random.Random(5)
+    members = _members()
+    loaded = 0
+    raw = np.load(io.BytesIO(members["events.npy"])).copy()
+    for k in range(20):
+        mutated = raw.copy()
+        rows = rng.sample(range(len(mutated)), 3)
+        for r in rows:
+            field = rng.choice(["ptr", "bytes", "scope", "thread", "kind", "t_ns", "aux", "stream"])
+            value = rng.choice([0, 1, -1, 7, 1 << 20, -(1 << 20), rng.randrange(1 << 30)])
+            mutated[field][r] = np.array(value).astype(EVENT_DTYPE[field])
+        buf = io.BytesIO()
+        np.save(buf, mutated)
+        path = _write(tmp_path / f"m{k}.memprof", {**members, "events.npy": buf.getvalue()})
+        try:
+            cap = memprof.load(path)
+        except CaptureFileError:
+            continue
+        loaded += 1
+        from memprof.reporters import render
+
+        try:
+            render("text", cap)
+            render("table", cap, by="layer")
+            render("chrome", cap)
+        except MemprofError:
+            pass
+    assert loaded  # some mutations pass the loader's checks: the analysis must cope with them
