@@ -2,6 +2,7 @@
 
     python examples/train_llama.py                 # small and fast, CPU (CUDA when present)
     python examples/train_llama.py --paper         # the paper's 32-layer model, batch (2, 1024)
+    python examples/train_llama.py --vary-seq      # the sequence length changes every step
     memprof trace examples/train_llama.py --budget 0.05
 
 The paper configuration (notes/seed-paper.md): LlamaModel with 32 layers, hidden 256,
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--no-compile", action="store_true", help="run eagerly")
     parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--vary-seq", action="store_true",
+                        help="a dynamic-shape loop: step k runs the first seq - 16 (k - 1) tokens")
     parser.add_argument("--no-optimizer", action="store_true",
                         help="forward+backward only, gradients kept allocated between steps "
                         "(zero_grad(set_to_none=False)): the measurement of shared/reference")
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     opt = None if args.no_optimizer else torch.optim.AdamW(model.parameters(), lr=args.lr)
     for step in range(1, args.steps + 1):
         t = time.perf_counter()
-        loss = step_fn(input_ids=ids).last_hidden_state.sum()
+        batch = ids[:, : max(16, size.seq - 16 * (step - 1))] if args.vary_seq else ids
+        loss = step_fn(input_ids=batch).last_hidden_state.sum()
         loss.backward()
         if opt is not None:
             opt.step()
