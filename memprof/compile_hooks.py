@@ -81,7 +81,7 @@ def size_hint(x: Any) -> int | None:
     """
     if type(x) is int:
         return x
-    node = getattr(x, "node", None)
+    node: Any = getattr(x, "node", None)
     hint = getattr(node, "_hint", None)
     if type(hint) is int:
         return hint

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import sympy
 import torch
 
 import memprof
@@ -40,7 +41,9 @@ def _train(backend: str, mode: str) -> tuple[int, list[str]]:
         compiled(x).sum().backward()
         opt.step()
         opt.zero_grad()
-    guards = sorted(str(g.expr) for env in envs for g in env.guards)
+    # simplified: a guard's printed form can depend on what sympy has cached (`2*s50 <= 4096` for
+    # `s50 <= 2048`), its meaning cannot
+    guards = sorted(str(sympy.simplify(g.expr)) for env in envs for g in env.guards)
     return int(counters["stats"]["unique_graphs"]), guards
 
 
