@@ -283,3 +283,14 @@ def test_predicted_budgets_share_a_process_on_cuda(tmp_path: Path) -> None:
         assert shared[1]["measured"][key] == alone["measured"][key], key  # type: ignore[index]
     assert shared[1]["measured"]["device"] == "cuda"  # type: ignore[index]
     assert shared[0]["measured"]["estimates"]["memprof"] != alone["measured"]["estimates"]["memprof"]  # type: ignore[index]
+
+
+def test_dynamic_shape_llama_compiles_the_same_graphs_under_memprof() -> None:
+    """A loop whose sequence length changes every step (the small Llama on the GPU): Dynamo's graph,
+    frame and recompile counts are equal plain and under `memprof trace` (tools/check_recompiles.py)."""
+    import subprocess
+
+    res = subprocess.run([sys.executable, str(ROOT / "tools" / "check_recompiles.py"),
+                          str(ROOT / "examples" / "train_llama.py"), "--vary-seq", "--steps", "5"],
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0 and "same counters" in res.stdout, res.stdout + res.stderr[-3000:]
