@@ -269,7 +269,9 @@ def test_signals_while_saving_never_lose_the_capture(tmp_path: Path) -> None:
         "threading.Thread(target=pester, daemon=True).start()\n"
         "time.sleep(30)\n")
     res = run_memprof("trace", "train.py", cwd=tmp_path, timeout=120)
-    assert res.returncode == 143, res.stderr
+    # 143 once memprof is done; a SIGTERM that comes after memprof has written and said everything
+    # may end the process with the default handler (-15): the capture is already on disk then
+    assert res.returncode in (143, -signal.SIGTERM), res.stderr
     assert "saving the capture, please wait" in res.stderr
     saved = [ln for ln in res.stderr.splitlines() if "capture saved to" in ln]
     assert saved and res.stderr.index("terminated (SIGTERM)") < res.stderr.index(saved[0])
