@@ -153,7 +153,6 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
   Session* session_;
 };
 
-
 // The CPU allocator, wrapped for the capture: PyTorch reports CPU allocations only to the
 // profiler state of the allocating thread (thread-local), so allocations on other Python
 // threads and frees of tensors handed to another thread (a data pipeline's hand-off) would be

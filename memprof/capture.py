@@ -186,6 +186,11 @@ class Capture:
             out.append(f"{workers} DataLoader worker process(es) ran (num_workers > 0): what they allocate is in "
                        "other processes, and the batches they hand over arrive in shared memory, which no "
                        "PyTorch allocator reports; neither is captured")
+        limits = meta.get("recompile_limits")
+        if isinstance(limits, list) and limits:
+            out.append(f"Dynamo hit {str(limits[0])[:200]}: later calls of that code ran eagerly, not compiled, "
+                       "so their memory is the eager run's" + (f" ({len(limits)} such frames)" if len(limits) > 1
+                                                               else ""))
         children = int(meta.get("child_processes") or 0)
         if children:
             out.append(f"{children} other child process(es) started with multiprocessing: their allocations "
@@ -469,6 +474,25 @@ class _Recorder:
 
         mp_process.BaseProcess.start = start  # type: ignore[method-assign,assignment]
         self._undo.append(lambda: setattr(mp_process.BaseProcess, "start", original_start))
+        # Dynamo giving up on a frame (its recompile limit) runs it eagerly from then on: the capture is
+        # still exact, but of a program the user did not mean to run; say so (a log handler only reads)
+        import logging
+
+        recorder_meta = self.meta
+
+        class RecompileLimit(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if isinstance(record.msg, str) and record.msg.startswith("torch._dynamo hit config."):
+                    with contextlib.suppress(Exception):
+                        first = record.getMessage().splitlines()
+                        where = next((ln.strip() for ln in first if ln.strip().startswith("function:")), "")
+                        recorder_meta.setdefault("recompile_limits", []).append(
+                            f"{first[0].removeprefix('torch._dynamo hit ')}{', ' + where if where else ''}")
+
+        handler = RecompileLimit(logging.WARNING)
+        dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+        dynamo_log.addHandler(handler)
+        self._undo.append(lambda: dynamo_log.removeHandler(handler))
         # Steps: one marker per optimizer step unless the script calls memprof.step().
         from torch.optim.optimizer import register_optimizer_step_post_hook
 

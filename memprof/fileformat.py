@@ -203,6 +203,7 @@ _META_FIELDS: dict[str, tuple[str, Any]] = {
     "child_processes": ("an integer", lambda v: _is_int(v) and v >= 0),
     "budget": ("a number", _is_number),
     "notes": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "recompile_limits": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
     "baselines": ("{device: {allocated, reserved}}", lambda v: isinstance(v, dict) and all(
         isinstance(d, dict) and all(_is_int(x) for x in d.values()) for d in v.values())),
     "preexisting": ("{device: [[ptr, bytes], ...]}", lambda v: isinstance(v, dict) and all(

@@ -345,3 +345,17 @@ def test_random_op_warning_names_memprofs_remat_pass() -> None:
 def test_one_line_error_ignores_lines_that_are_not_memprofs() -> None:
     res = subprocess.CompletedProcess(["x"], 1, "", "UserWarning: torch says something\nmemprof: error: bad\n")
     assert one_line_error(res) == "memprof: error: bad"
+
+
+def test_a_frame_dynamo_gave_up_on_is_said_to_run_eagerly() -> None:
+    """Dynamo's recompile limit makes later calls run eagerly: the capture is exact, but of a program
+    the user did not mean to run, and it says so next to the figure."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: (x * 2).sum(), backend="eager", dynamic=False)
+    with torch._dynamo.config.patch(recompile_limit=2), memprof.capture() as cap:
+        for n in range(1, 6):
+            fn(torch.randn(n))
+    assert any("recompile_limit (2)" in c and "ran eagerly" in c for c in cap.caveats)
+    assert "ran eagerly" in render("text", cap)

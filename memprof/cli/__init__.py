@@ -7,12 +7,14 @@ exit code and no traceback; set MEMPROF_DEBUG=1 to see the traceback of internal
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import click
 
 from memprof import __version__
 from memprof.errors import MAX_ERROR_LINE, MemprofError, one_line, printable
+from memprof.runner import Terminated
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         click.echo("memprof: interrupted", err=True)
         sys.exit(130)
+    except Terminated as exc:  # SIGTERM or SIGHUP before a capture started
+        click.echo(f"memprof: terminated ({signal.Signals(exc.signum).name})", err=True)
+        sys.exit(128 + exc.signum)
     except Exception as exc:  # an internal error: one line unless debugging
         if os.environ.get("MEMPROF_DEBUG"):
             raise
