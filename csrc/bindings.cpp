@@ -54,6 +54,10 @@ py::dict event_layout() {
   field("device_index", offsetof(Event, device_index), sizeof(Event::device_index));
   field("flags", offsetof(Event, flags), sizeof(Event::flags));
   d["itemsize"] = sizeof(Event);
+  py::dict flags;
+  flags["unfollowed_thread"] = static_cast<int>(memprof::kFlagUnfollowedThread);
+  flags["other_thread"] = static_cast<int>(memprof::kFlagOtherThread);
+  d["flags_values"] = flags;
   return d;
 }
 

@@ -189,6 +189,10 @@ void record_cpu(uint8_t kind, void* ptr, int64_t bytes) {
   e.ptr = reinterpret_cast<uint64_t>(ptr);
   e.device_type = static_cast<int8_t>(c10::DeviceType::CPU);
   e.device_index = -1;
+  if (c10::ThreadLocalDebugInfo::get(c10::DebugInfoKind::PROFILER_STATE) !=
+      static_cast<c10::DebugInfoBase*>(s->reporter.get())) {
+    e.flags |= kFlagOtherThread;
+  }
   s->store.append(e);
 }
 

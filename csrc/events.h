@@ -35,6 +35,9 @@ static_assert(sizeof(Event) == 56, "Event layout is part of the file format");
 
 enum EventFlag : uint8_t {
   kFlagUnfollowedThread = 1,  // seen by the CUDA tracker on a thread without the reporter
+  // CPU allocation or free seen by the CPU allocator wrapper on a thread the reporter does not
+  // follow (not the capturing thread nor its autograd threads: an intra-op worker, a Python thread)
+  kFlagOtherThread = 2,
 };
 
 enum EventKind : uint8_t {

@@ -54,7 +54,8 @@ class Kind(enum.IntEnum):
 
 
 KIND_NAMES = {k.value: k.name.lower() for k in Kind}
-FLAG_UNFOLLOWED_THREAD = 1
+FLAG_UNFOLLOWED_THREAD = 1  # csrc/events.h kFlagUnfollowedThread
+FLAG_OTHER_THREAD = 2  # kFlagOtherThread: a CPU event on a thread memprof's reporter does not follow
 SEGMENT_KINDS = (Kind.SEGMENT_ALLOC, Kind.SEGMENT_FREE, Kind.SEGMENT_MAP, Kind.SEGMENT_UNMAP)
 
 # c10::DeviceType values that memprof names; others print as "type<N>:<index>".

@@ -6,7 +6,7 @@ import functools
 import importlib
 from types import ModuleType
 
-from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE
+from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE, FLAG_OTHER_THREAD, FLAG_UNFOLLOWED_THREAD
 from memprof.errors import NativeUnavailable
 
 BUILD_HINT = "build it with: pip install --no-build-isolation -e .  (torch must be installed first)"
@@ -22,6 +22,9 @@ def native() -> ModuleType:
     except ImportError as exc:
         raise NativeUnavailable(f"memprof's native extension is not available ({exc}); {BUILD_HINT}") from None
     layout = _C.event_layout()
+    flags = layout.pop("flags_values", None)
+    if flags != {"unfollowed_thread": FLAG_UNFOLLOWED_THREAD, "other_thread": FLAG_OTHER_THREAD}:
+        raise NativeUnavailable(f"memprof._C event flags do not match this memprof; rebuild it: {BUILD_HINT}")
     if layout.pop("itemsize") != EVENT_ITEMSIZE:
         raise NativeUnavailable(f"memprof._C event layout does not match this memprof; rebuild it: {BUILD_HINT}")
     fields = EVENT_DTYPE.fields

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memprof._events import Kind
+from memprof._events import FLAG_OTHER_THREAD, Kind
 from memprof.plans import CompiledGraph, Plan, layer_of
 from memprof.timeline import Timeline
 
@@ -398,9 +398,11 @@ def label_timeline(
     calls = _intervals(raw, graph_ids)
     bws = _intervals(raw, bw_ids)
     opts = _intervals(raw, opt_ids)
-    # "in backward": on an autograd worker thread, or inside a backward scope
+    # "in backward": on an autograd worker thread, or inside a backward scope; CPU events of other
+    # threads (intra-op workers, Python threads: FLAG_OTHER_THREAD) are not autograd's
     bw_of_event = _inside(tl.rows, ctx.thread, bws)
-    in_backward = (bw_of_event >= 0) | ((ctx.thread != main_thread) if main_thread is not None
+    autograd_thread = (raw["flags"][tl.rows] & FLAG_OTHER_THREAD) == 0
+    in_backward = (bw_of_event >= 0) | ((ctx.thread != main_thread) & autograd_thread if main_thread is not None
                                               else np.zeros(ctx.n, bool))
     # frees: where did the allocation die?
     free_pos = tl.free_of

@@ -62,7 +62,7 @@ def save(cap: Capture, path: Path) -> Path:
 # compressed size: a real capture compresses its events about 8x (repetitive loops included) and its
 # JSON and wrapper text rarely past 20x, while a zip bomb's ratio runs to 1000x.
 _MAX_RATIO = {"events.npy": 64}
-_TEXT_RATIO = 200
+_TEXT_RATIO = 100
 _SLACK = 1 << 20
 _MAX_JSON_DEPTH = 64
 # |bytes| of one event; larger is not a real allocation (and sums of such would overflow int64)

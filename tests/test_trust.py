@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import memprof
+from memprof._events import FLAG_OTHER_THREAD
 from memprof.errors import IncompleteCaptureError
 from memprof.reporters import render
 from memprof.sweep.runner import MANIFEST, prepare_dir
@@ -65,8 +66,10 @@ def test_frees_and_allocations_on_other_threads_are_seen() -> None:
     assert tl.final == 1_000_000  # the tensor allocated on the other thread, still live
     allocs = tl.is_alloc.nonzero()[0]
     assert (tl.free_of[allocs] >= 0).sum() == 10  # every hand-off paired with its free
-    threads = {int(x) for x in cap.raw["thread"][tl.rows]}
-    assert len(threads) == 3
+    threads = cap.raw["thread"][tl.rows]
+    assert len(set(threads.tolist())) == 3
+    other = (cap.raw["flags"][tl.rows] & FLAG_OTHER_THREAD) != 0  # not autograd's: kept out of "backward"
+    assert (other == (threads != cap.meta["main_thread"])).all()
     assert cap.meta["cpu_threads"] == "all" and not any("cpu:" in c for c in cap.caveats)
 
 

@@ -50,7 +50,7 @@ def format_summary(s: dict[str, Any]) -> str:
             continue
         lines.append("")
         if d.get("categories_at_peak"):
-            lines.append(f"{d['device']} peak {fmt_bytes(d['peak_bytes'])} by category:")
+            lines.append(f"{d['device']} peak {bound}{fmt_bytes(d['peak_bytes'])} by category:")
             for c in d["categories_at_peak"]:
                 lines.append(f"  {fmt_bytes(c['bytes']):>10}  {c['share'] * 100:5.1f}%  {c['category']} "
                              f"({c['count']:,} allocations)")
@@ -62,7 +62,7 @@ def format_summary(s: dict[str, Any]) -> str:
                 why = "; ".join(f"{n}x {r}" for r, n in calls["kernel_level"].items())
                 text += f"; attributed at kernel level only: {kernel_level} ({why})"
             lines.append(text)
-        lines.append(f"{d['device']} peak {fmt_bytes(d['peak_bytes'])}: largest live allocations")
+        lines.append(f"{d['device']} peak {bound}{fmt_bytes(d['peak_bytes'])}: largest live allocations")
         for a in d["largest"]:
             req = f" (requested {a['requested']:,} B)" if a["requested"] >= 0 and a["requested"] != a["bytes"] else ""
             what = f"{a['node']} ({a['category']})" if a.get("node") else (a["scope"] or "(no scope)")
