@@ -48,6 +48,7 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from memprof.errors import printable
     from memprof.runner import check_script
     from memprof.sweep import parse_budgets, prepare_dir, run_sweep
     from memprof.sweep.result import MB, Run, run_value
@@ -74,15 +75,15 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
         def done(run: Run) -> None:
             value = run_value(run, "predict" if predict else "measure")
             peak = f"{value / MB:.1f} MB" if value is not None else run.status
-            bar.console.print(f"  {run.variant} {run.budget:g}: {peak} ({run.wall_s:.0f} s)")
+            bar.console.print(f"  {run.variant} {run.budget:g}: {printable(peak)} ({run.wall_s:.0f} s)", markup=False)
             bar.advance(task)
 
         result = run_sweep(str(path), list(script_args), budgets, variants, out, jobs=jobs, timeout=timeout,
                            progress=done, predict=predict, noise={"abs_bytes": noise_mb * MB, "rel": noise_rel})
-    click.echo(render_table(result))
+    click.echo(printable(render_table(result)))  # errors and names come from the script's runs
     findings = render_findings(result)
     if findings:
-        click.echo(findings)
+        click.echo(printable(findings))
     if not no_plot and any(result.value(r) is not None for r in result.runs):
         from memprof.sweep.plot import plot
 
