@@ -28,6 +28,7 @@ import numpy as np
 from memprof._events import FLAG_OTHER_THREAD, Kind
 from memprof.plans import CompiledGraph, Plan, layer_of
 from memprof.timeline import Timeline
+from memprof.wrapper_code import block_fits, check_symbolic_sizes
 
 
 class Category(enum.IntEnum):
@@ -161,15 +162,6 @@ def _inside(rows: np.ndarray, threads: np.ndarray, intervals: list[tuple[int, in
     return out
 
 
-def _block_ok(nbytes: int | None, block: int, device_is_cpu: bool) -> bool:
-    if nbytes is None:
-        return True
-    if device_is_cpu:
-        return block == nbytes
-    rounded = max(512, (nbytes + 511) // 512 * 512)
-    return rounded <= block <= rounded + (1 << 20)  # large blocks are not split below 1 MiB
-
-
 class _Context:
     """Shared inputs of the labelling passes."""
 
@@ -278,11 +270,14 @@ def _join_call(ctx: _Context, thread: int, begin: int, end: int, key: str,
             reason = f"{len(direct)} wrapper allocations at run time, {len(expected)} in the wrapper code"
         else:
             cpu = tl.device == "cpu"
-            sizes = tl.delta[alloc_pos[direct]]
-            for alloc, size in zip(expected, sizes.tolist(), strict=True):
-                if not _block_ok(alloc.nbytes, int(size), cpu):
+            sizes = tl.delta[alloc_pos[direct]].tolist()
+            for alloc, size in zip(expected, sizes, strict=True):
+                if not block_fits(alloc.nbytes, int(size), cpu):
                     reason = f"{alloc.buf}: {size} bytes allocated, {alloc.nbytes} expected"
                     break
+            else:  # symbolic sizes (dynamic shapes): some values of the size symbols explain them all
+                reason = check_symbolic_sizes(
+                    [(a, int(b)) for a, b in zip(expected, sizes, strict=True) if a.nbytes is None], cpu)
 
     if reason:  # kernel level: categories from lifetimes only
         for i in range(len(alloc_pos)):

@@ -62,6 +62,9 @@ def test_capture_adds_no_guard_and_no_recompile(backend: str, mode: str) -> None
     assert symbolic and all(n.bytes is None and n.shape is None for n in symbolic)
     rows = cap.attribution(at="peak", by="node", device="cpu")
     assert sum(r.bytes for r in rows) == cap.peak("cpu")
+    if backend == "inductor":  # every call of the dynamic graph joined to its buffers, sizes checked per call
+        calls = cap.labels("cpu").calls
+        assert calls and all(c.level == "buffer" for c in calls), [c.reason for c in calls]
 
 
 def test_capture_under_remat_adds_no_guard() -> None:

@@ -66,3 +66,23 @@ def test_unsupported_wrappers_are_named() -> None:
 def test_symbolic_sizes_are_unknown_not_wrong() -> None:
     w = parse_wrapper(WRAPPER.replace("(128, 1024), (1024, 1), torch.bool", "(s0, 1024), (1024, 1), torch.bool"))
     assert [a.nbytes for a in w.allocs if a.buf == "buf3"] == [None]
+
+
+def test_symbolic_sizes_are_checked_per_call() -> None:
+    """A dynamic graph's allocations are sized by expressions of its size symbols, whose values change
+    every call: some value must explain every allocation of a call, exactly on the CPU and within the
+    caching allocator's rounding on CUDA."""
+    from memprof.wrapper_code import AllocSite, check_symbolic_sizes
+
+    a = AllocSite("buf0", None, "(2*s50, 32)", "float32", 1, "(32, 1)")
+    b = AllocSite("buf3", None, "(2, s50, 32)", "bool", 2, "(32*s50, 32, 1)")
+    c = AllocSite("buf9", None, "(s50, s7)", "float32", 3, "(s7, 1)")
+    assert a.size_of is not None and a.size_of({"s50": 10}) == 2 * 10 * 32 * 4
+    assert check_symbolic_sizes([(a, 2560), (b, 640)], cpu=True) == ""  # s50 = 10 explains both
+    assert "buf3" in check_symbolic_sizes([(a, 2560), (b, 704)], cpu=True)  # 704 B is s50 = 11
+    assert "buf0" in check_symbolic_sizes([(a, 2561)], cpu=True)
+    assert check_symbolic_sizes([(a, 3072), (b, 1024)], cpu=False) == ""  # 512-byte granules
+    assert check_symbolic_sizes([(a, 2560), (c, 4000)], cpu=True) == ""  # s7 solved from buf9: 100
+    assert "buf9" in check_symbolic_sizes([(a, 2560), (c, 4001)], cpu=True)
+    odd = AllocSite("buf1", None, "(__import__('os').getpid(), 4)", "float32", 4, "(4, 1)")
+    assert odd.size_of is None and check_symbolic_sizes([(odd, 16)], cpu=True) == ""  # never evaluated
