@@ -362,3 +362,15 @@ def test_a_frame_dynamo_gave_up_on_is_said_to_run_eagerly() -> None:
             fn(torch.randn(n))
     assert any("recompile_limit (2)" in c and "ran eagerly" in c for c in cap.caveats)
     assert "ran eagerly" in render("text", cap)
+
+
+def test_a_table_at_the_step_a_capture_stopped_in_is_a_lower_bound() -> None:
+    with memprof.capture(max_events=13, scopes="none") as cap:
+        for _ in range(6):
+            a = torch.empty(100)
+            del a
+            memprof.step()
+    whole = json.loads(render("table-json", cap, by="category", at="step:4"))
+    cut = json.loads(render("table-json", cap, by="category", at="step:5"))
+    assert whole["exact"] is True and cut["exact"] is False
+    assert "step:5 of the events kept (a lower bound)" in render("table", cap, by="category", at="step:5")

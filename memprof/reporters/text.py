@@ -118,18 +118,20 @@ def format_summary(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _table(cap: Capture, by: str, at: str, device: str | None) -> tuple[list[Any], str]:
-    """Attribution rows at `at`, and what `at` is: a capture that dropped events has only a lower
-    bound of its peak, so "peak" is named for what it is."""
+def _table(cap: Capture, by: str, at: str, device: str | None) -> tuple[list[Any], str, bool]:
+    """Attribution rows at `at`, what `at` is and whether it is the exact point asked for: an
+    incomplete capture has only a lower bound of its peak, and of the step it stopped in."""
     rows = cap.attribution(at=at, by=by, device=device, lower_bound=True)
-    label = at if cap.exact or at != "peak" else "peak of the events kept (a lower bound)"
-    return rows, label
+    # a step that ended (its marker kept) is whole; the one the capture stopped in is not
+    exact = cap.exact if at == "peak" else any(f"step:{s.step}" == at and s.complete for s in cap.steps(device))
+    label = at if exact else f"{at} of the events kept (a lower bound)"
+    return rows, label, exact
 
 
 @register("table", "report", ".txt", "attribution table (memprof report --by)")
 def render_table(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
                  top: int = 20) -> str:
-    rows, label = _table(cap, by, at, device)
+    rows, label, _exact = _table(cap, by, at, device)
     total = sum(r.bytes for r in rows)
     dev = device or cap.main_device
     lines = [f"{dev} at {label}: {fmt_bytes(total)} live ({total:,} bytes) by {by}"]
@@ -156,9 +158,9 @@ def render_table(cap: Capture, by: str = "category", at: str = "peak", device: s
 @register("table-json", "report", ".json", "attribution table as JSON")
 def render_table_json(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
                       top: int = 0) -> str:
-    rows, _label = _table(cap, by, at, device)
+    rows, _label, exact = _table(cap, by, at, device)
     return json.dumps({
         "device": device or cap.main_device, "at": at, "by": by, "bytes": sum(r.bytes for r in rows),
-        "exact": cap.exact or at != "peak", "caveats": cap.caveats,
+        "exact": exact, "caveats": cap.caveats,
         "rows": [asdict(r) for r in (rows[:top] if top else rows)], "warnings": cap.caveats + rng_warnings(cap),
     }, indent=1)
