@@ -1,9 +1,9 @@
 """Output files: resolved once at the start, checked against the inputs and each other, written
 atomically with the permissions the umask gives.
 
-Every command that writes (`trace`, `export`, `sweep`) goes through `check_outputs` before it runs
-anything, so no output can overwrite an input or another output, and a script's `os.chdir` cannot
-move where a relative `-o` lands.
+`trace` and `export` go through `check_outputs` before they run anything, so no output can
+overwrite an input or another output, and a script's `os.chdir` cannot move where a relative `-o`
+lands; `sweep` checks its output directory with `sweep.runner.prepare_dir`.
 """
 
 from __future__ import annotations
