@@ -10,6 +10,8 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+
+#include <pthread.h>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -420,8 +422,19 @@ void on_cuda_trace(const c10::CachingDeviceAllocator::TraceEntry& te) {
 
 }  // namespace
 
+namespace {
+// A forked child (a DataLoader worker) inherits the parent's active session, wrapper and reporter:
+// it must record nothing (its events would only grow a copy of the store no one reads).
+void stop_in_forked_child() {
+  g_active.store(nullptr);
+  g_shutdown.store(true);
+}
+}  // namespace
+
 void start_capture(const CaptureOptions& options) {
   std::lock_guard<std::mutex> lock(g_control_mu);
+  static const int fork_handler = pthread_atfork(nullptr, nullptr, &stop_in_forked_child);
+  (void)fork_handler;
   if (g_shutdown.load()) throw std::runtime_error("memprof is shut down (interpreter exiting)");
   if (g_active.load() != nullptr) throw std::runtime_error("a memprof capture is already active");
   if (torch::profiler::impl::ProfilerStateBase::get(/*global=*/false) != nullptr ||

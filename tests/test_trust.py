@@ -374,3 +374,24 @@ def test_a_table_at_the_step_a_capture_stopped_in_is_a_lower_bound() -> None:
     cut = json.loads(render("table-json", cap, by="category", at="step:5"))
     assert whole["exact"] is True and cut["exact"] is False
     assert "step:5 of the events kept (a lower bound)" in render("table", cap, by="category", at="step:5")
+
+
+def test_a_forked_child_records_nothing() -> None:
+    """A DataLoader worker is a fork of the capturing process: it inherits the session and must not
+    record into its copy of it (nothing it does reaches the parent's capture anyway)."""
+    import memprof._native
+
+    with memprof.capture() as cap:
+        x = torch.empty(100)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            torch.empty(1000)
+            os.write(write, b"1" if memprof._native.native().active() else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.read(read, 1) == b"0"
+        os.close(read)
+        os.close(write)
+    assert cap.peak("cpu") == 400
+    del x
