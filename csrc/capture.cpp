@@ -426,8 +426,8 @@ namespace {
 // A forked child (a DataLoader worker) inherits the parent's active session, wrapper and reporter:
 // it must record nothing (its events would only grow a copy of the store no one reads).
 void stop_in_forked_child() {
-  g_active.store(nullptr);
-  g_shutdown.store(true);
+  Session* s = g_active.exchange(nullptr);
+  if (s != nullptr) s->active.store(false);  // the reporter the child's thread inherited stops too
 }
 }  // namespace
 
