@@ -603,7 +603,7 @@ def _live_blocks(torch: Any) -> dict[str, list[list[int]]]:
 def _at_exit() -> None:
     """Interpreter exit with a capture still open (a `capture()` entered and never left): stop it
     with a warning line instead of a traceback, then stop every hook for good."""
-    if _active is not None:
+    if _active is not None and _active.meta.get("pid") == os.getpid():  # not a forked child's copy
         print("memprof: warning: a capture was still open at interpreter exit; it was stopped there "
               "(nothing is saved unless the script saves it)", file=sys.stderr)
         with contextlib.suppress(Exception):
