@@ -65,6 +65,9 @@ def test_capture_adds_no_guard_and_no_recompile(backend: str, mode: str) -> None
     if backend == "inductor":  # every call of the dynamic graph joined to its buffers, sizes checked per call
         calls = cap.labels("cpu").calls
         assert calls and all(c.level == "buffer" for c in calls), [c.reason for c in calls]
+        from memprof.sweep.measure import estimates
+
+        assert estimates(cap.plans, cap.graphs, "cpu")[0]["memprof"] is None  # no sizes to add up: no figure
 
 
 def test_capture_under_remat_adds_no_guard() -> None:

@@ -270,9 +270,10 @@ class CaptureEstimate:
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
                            probe: bool = True) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
-    wrapper code. `probe`: measure the fallback kernels' scratch memory (`memprof.sweep.probe`;
-    skipped where their device is absent or a capture is running: those calls are named in
-    `unprobed`)."""
+    wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
+    a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
+    kernels' scratch memory (`memprof.sweep.probe`; skipped where their device is absent or a capture
+    is running: those calls are named in `unprobed`)."""
     import dataclasses
 
     from memprof.sweep.probe import probe_graph_calls, unprobed
@@ -280,6 +281,8 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     block = _BLOCK if device.startswith("cuda") else 1
     best: CaptureEstimate | None = None
     missed: dict[tuple[str, str], None] = {}
+    if any(n.size_expr for plan in plans for n in (*plan.forward.nodes, *plan.backward.nodes)):
+        return None
     for i, plan in enumerate(plans):
         fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
         bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
