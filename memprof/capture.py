@@ -20,7 +20,7 @@ import numpy as np
 from memprof import __version__
 from memprof._events import EVENT_DTYPE, KIND_NAMES, Kind, device_name
 from memprof._native import native
-from memprof.errors import IncompleteCaptureError, MemprofError
+from memprof.errors import IncompleteCaptureError, MemprofError, one_line
 from memprof.plans import CompiledGraph, Plan
 from memprof.timeline import (
     GC_START,
@@ -447,7 +447,7 @@ class _Recorder:
                 try:
                     self.plan_recorder.record_modules()
                 except Exception as exc:  # never fail the capture over names
-                    self._note(f"modules not scanned at the start ({type(exc).__name__}: {exc})")
+                    self._note(f"modules not scanned at the start ({one_line(exc)})")
             self.meta["plans"] = "recorded (Inductor and AOTAutograd caches off during the capture)"
         else:
             self.meta["plans"] = "off"
@@ -537,7 +537,7 @@ class _Recorder:
             try:
                 self.plan_recorder.record_optimizer(optimizer)
             except Exception as exc:  # never break the user's step
-                self._note(f"optimizer state not recorded ({type(exc).__name__}: {exc})")
+                self._note(f"optimizer state not recorded ({one_line(exc)})")
         if not self.explicit_steps:
             self.mark_step(source="optimizer")
 

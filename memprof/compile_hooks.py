@@ -12,7 +12,7 @@ While a capture runs, `PlanRecorder`:
   `## Call CompiledFxGraph <key> ##` scope can be joined to it.
 - turns Inductor's FX graph and AOTAutograd caches off for the capture: a cache hit would skip
   the partitioner and code generation, and with them the plan.
-- records which tensors are parameters, gradients and optimizer state (`KnownTensors`).
+- records which tensors are parameters, gradients and optimizer state (`PlanRecorder.tensors`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from memprof.errors import one_line
 from memprof.plans import CompiledGraph, FxGraph, FxNode, Plan, RecomputedNode, module_path
 
 _RANDOM_OPS = re.compile(
@@ -306,15 +307,15 @@ class PlanRecorder:
             try:
                 self._install_knapsack()
             except Exception as exc:
-                self._error(f"knapsack hook unavailable ({type(exc).__name__}: {exc}); no KnapsackEvaluator peaks")
+                self._error(f"knapsack hook unavailable ({one_line(exc)}); no KnapsackEvaluator peaks")
         try:
             self._install_inductor()
         except Exception as exc:  # an unexpected torch version: capture without plans
-            self._error(f"Inductor hooks unavailable ({type(exc).__name__}: {exc}); no compile plans")
+            self._error(f"Inductor hooks unavailable ({one_line(exc)}); no compile plans")
         try:
             self._install_aot()
         except Exception as exc:
-            self._error(f"AOTAutograd hook unavailable ({type(exc).__name__}: {exc})")
+            self._error(f"AOTAutograd hook unavailable ({one_line(exc)})")
 
     def uninstall(self) -> None:
         self.active = False
@@ -366,7 +367,7 @@ class PlanRecorder:
                 try:
                     stack[-1].append(recorder._origins(graph))
                 except Exception as exc:
-                    recorder._error(f"buffer origins not recorded ({type(exc).__name__}: {exc})")
+                    recorder._error(f"buffer origins not recorded ({one_line(exc)})")
             return result
 
         self._patch(GraphLowering, "codegen", codegen)
@@ -411,7 +412,7 @@ class PlanRecorder:
                     recorder.add_graph(result, kwargs, codegens, min(as_is) if as_is else None,
                                        min(kept) if kept else None)
                 except Exception as exc:
-                    recorder._error(f"compiled graph not recorded ({type(exc).__name__}: {exc})")
+                    recorder._error(f"compiled graph not recorded ({one_line(exc)})")
             return result
 
         compile_inner.__wrapped__ = original_inner  # type: ignore[attr-defined]
@@ -471,7 +472,7 @@ class PlanRecorder:
         try:
             budget = resolve_budget(gm)
         except Exception as exc:
-            self._error(f"budget not resolved ({type(exc).__name__}: {exc})")
+            self._error(f"budget not resolved ({one_line(exc)})")
         mode = remat.active_mode()
         self._local.knapsack = []
         try:
@@ -489,7 +490,7 @@ class PlanRecorder:
             try:
                 knapsack_peak = _knapsack_evaluator_peak(*call[1:])
             except Exception as exc:
-                self._error(f"KnapsackEvaluator failed ({type(exc).__name__}: {exc})")
+                self._error(f"KnapsackEvaluator failed ({one_line(exc)})")
         try:
             index = len(self.plans)
             report = getattr(bw, "meta", {}).get("memprof_remat")
@@ -501,7 +502,7 @@ class PlanRecorder:
             self._local.last_plan = index
             self.record_modules()
         except Exception as exc:
-            self._error(f"a compile plan was not recorded ({type(exc).__name__}: {exc})")
+            self._error(f"a compile plan was not recorded ({one_line(exc)})")
         return fw, bw
 
     def _origins(self, graph: Any) -> dict[str, list[str]]:

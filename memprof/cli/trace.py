@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from memprof.cli.options import Budget
+from memprof.errors import one_line
 from memprof.outputs import write_text
 
 
@@ -24,7 +25,7 @@ def _write_measure(cap: Any, path: Path) -> None:
         d["measured"] = measure(cap).to_json() if len(cap.raw) else None
     except Exception as exc:  # the capture is saved; the sweep measures it from the file instead
         d["measured"] = None
-        d["measure_error"] = f"{type(exc).__name__}: {exc}"
+        d["measure_error"] = f"{one_line(exc)}"
     write_text(path, json.dumps(d))
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from memprof.compile_hooks import is_random_node, op_name, size_hint
+from memprof.errors import one_line
 from memprof.plans import layer_of, module_path
 from memprof.remat.graph import (
     ATTENTION,
@@ -280,7 +281,7 @@ class _SaveHook:
             try:
                 return hook.decide(joint_graph, node_info, stock, budget)
             except Exception as exc:
-                hook.report.notes.append(f"saved-set choice failed, stock set kept ({type(exc).__name__}: {exc})")
+                hook.report.notes.append(f"saved-set choice failed, stock set kept ({one_line(exc)})")
                 return stock
             finally:
                 hook.seconds += time.perf_counter() - t0
@@ -393,7 +394,7 @@ def partition(fn: Callable[..., Any], gm: Any, joint_inputs: Any, mode: str, kwa
             t_fn = time.perf_counter() - t_fn
     except Exception as exc:  # our saved set broke the partitioner: stock partition
         report.status = "fallback"
-        report.notes.append(f"partition with memprof's saved set failed ({type(exc).__name__}: {exc}); stock plan used")
+        report.notes.append(f"partition with memprof's saved set failed ({one_line(exc)}); stock plan used")
         fw, bw = fn(gm, joint_inputs, **kwargs)
         report.seconds = time.perf_counter() - t0
         _attach(bw, report)
@@ -419,7 +420,7 @@ def partition(fn: Callable[..., Any], gm: Any, joint_inputs: Any, mode: str, kwa
             bw = new_bw
         report.random_after = random_count(bw)
     except Exception as exc:
-        report.notes.append(f"use-site pass failed, backward left as partitioned ({type(exc).__name__}: {exc})")
+        report.notes.append(f"use-site pass failed, backward left as partitioned ({one_line(exc)})")
         report.usesite_edits = 0
         report.bw_estimate_after = report.bw_estimate_before
     changed = report.saved_added or report.random_saved or report.masks_saved or report.usesite_edits

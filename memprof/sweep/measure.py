@@ -20,6 +20,7 @@ import numpy as np
 
 from memprof._events import Kind
 from memprof.capture import Capture
+from memprof.errors import one_line
 from memprof.plans import CompiledGraph, FxNode, Plan
 from memprof.sweep.estimate import CaptureEstimate
 from memprof.timeline import freed_bytes, window_peak
@@ -222,7 +223,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
 
                 at_peak = {r.key: int(r.bytes) for r in rows_at(tl, cap.labels(device), pos, "category") if r.bytes}
             except Exception as exc:  # attribution is a diagnosis aid; the peaks stand without it
-                notes.append(f"attribution unavailable ({type(exc).__name__}: {exc})")
+                notes.append(f"attribution unavailable ({one_line(exc)})")
         from memprof.timeline import scope_stack_at
 
         row = int(tl.rows[pos])

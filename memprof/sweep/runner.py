@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from memprof.errors import MemprofError
+from memprof.errors import MemprofError, one_line
 from memprof.sweep.result import Run, Sweep
 from memprof.sweep.spec import budget_label
 
@@ -183,7 +183,7 @@ def _collect(out: Path, variant: str, budget: float, label: str, measure_path: P
             measured = measure(cap).to_json() if len(cap.raw) else None
             meta = {**cap.meta, **meta}
         except Exception as exc:
-            error = error or f"capture unreadable ({type(exc).__name__}: {exc})"
+            error = error or f"capture unreadable ({one_line(exc)})"
     if status == "completed" and own_rc != 0:
         status = "exit"
     return Run(variant, budget, status, own_rc, error, capture, log_name, wall, measured)
