@@ -108,12 +108,18 @@ def test_a_capture_that_dropped_events_has_no_exact_peak() -> None:
     assert summary["exact"] is False and summary["caveats"][0].startswith("INCOMPLETE")
 
 
-def test_steps_before_the_first_drop_stay_exact() -> None:
+def _six_steps_cut_after_four() -> memprof.Capture:
+    """Six steps of alloc, free, marker (3 events each) into 13 events: 4 steps whole, step 5 cut."""
     with memprof.capture(max_events=13, scopes="none") as cap:
         for _ in range(6):
             a = torch.empty(100)
             del a
             memprof.step()
+    return cap
+
+
+def test_steps_before_the_first_drop_stay_exact() -> None:
+    cap = _six_steps_cut_after_four()
     steps = cap.steps("cpu")
     assert [s.step for s in steps if s.complete] == [1, 2, 3, 4]  # 3 events a step: 4 steps and one event
     assert all(s.peak == 400 for s in steps if s.complete)
@@ -363,11 +369,7 @@ def test_a_frame_dynamo_gave_up_on_is_said_to_run_eagerly() -> None:
 
 
 def test_a_table_at_the_step_a_capture_stopped_in_is_a_lower_bound() -> None:
-    with memprof.capture(max_events=13, scopes="none") as cap:
-        for _ in range(6):
-            a = torch.empty(100)
-            del a
-            memprof.step()
+    cap = _six_steps_cut_after_four()
     whole = json.loads(render("table-json", cap, by="category", at="step:4"))
     cut = json.loads(render("table-json", cap, by="category", at="step:5"))
     assert whole["exact"] is True and cut["exact"] is False
