@@ -68,8 +68,9 @@ _MAX_JSON_DEPTH = 64
 # |bytes| of one event; larger is not a real allocation (and sums of such would overflow int64)
 _MAX_EVENT_BYTES = 1 << 50
 _EVENT_KINDS = {k.value for k in Kind}
-_MEMORY_KINDS = (Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED, Kind.CUDA_FREE_COMPLETED,
-                 *SEGMENT_KINDS, Kind.OOM)
+# events whose bytes are memory (allocations, frees, segments, OOM requests)
+_SIZED_KINDS = (Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED, Kind.CUDA_FREE_COMPLETED,
+                *SEGMENT_KINDS, Kind.OOM)
 
 
 def _clip(value: Any, limit: int = 60) -> str:
@@ -90,12 +91,18 @@ def _check_member(info: zipfile.ZipInfo, path: Path) -> None:
                                f"{info.compress_size:,} compressed: not a memprof file's ratio)")
 
 
-def _read(zf: zipfile.ZipFile, name: str, path: Path) -> bytes:
+def _info(zf: zipfile.ZipFile, name: str, path: Path) -> zipfile.ZipInfo:
+    """A member's entry, checked (`_check_member`) before anything of it is read."""
     try:
         info = zf.getinfo(name)
     except KeyError:
         raise CaptureFileError(f"{path}: corrupt capture (missing {name})") from None
     _check_member(info, path)
+    return info
+
+
+def _read(zf: zipfile.ZipFile, name: str, path: Path) -> bytes:
+    info = _info(zf, name, path)
     with zf.open(info) as fh:  # zipfile stops at the declared size and checks the CRC
         return fh.read(info.file_size + 1)
 
@@ -126,11 +133,7 @@ def _read_json(zf: zipfile.ZipFile, name: str, path: Path) -> Any:
 
 def _read_events(zf: zipfile.ZipFile, path: Path) -> np.ndarray:
     """events.npy: its header checked against the member's declared size before the data is read."""
-    try:
-        info = zf.getinfo("events.npy")
-    except KeyError:
-        raise CaptureFileError(f"{path}: corrupt capture (missing events.npy)") from None
-    _check_member(info, path)
+    info = _info(zf, "events.npy", path)
     bad = f"{path}: corrupt capture (events.npy is not a memprof event array)"
     with zf.open(info) as fh:
         try:
@@ -164,7 +167,7 @@ def _check_events(raw: np.ndarray, strings: list[str], path: Path) -> None:
     if unknown.any():
         i = int(np.argmax(unknown))
         raise CaptureFileError(f"{path}: corrupt capture (event {i}: unknown kind {int(kinds[i])})")
-    memory = np.isin(kinds, np.array(_MEMORY_KINDS, dtype=np.uint8))
+    memory = np.isin(kinds, np.array(_SIZED_KINDS, dtype=np.uint8))
     device_bad = memory & ~np.isin(raw["device_type"], np.array([0, 1], dtype=np.int8))
     if device_bad.any():
         i = int(np.argmax(device_bad))
@@ -186,6 +189,14 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _is_count(v: Any) -> bool:
+    return _is_int(v) and v >= 0
+
+
+def _is_strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -195,15 +206,14 @@ def _is_number(v: Any) -> bool:
 _META_FIELDS: dict[str, tuple[str, Any]] = {
     "t_start_ns": ("an integer", _is_int), "t_stop_ns": ("an integer", _is_int),
     "first_dropped_ns": ("an integer", _is_int),
-    "dropped_events": ("an integer", lambda v: _is_int(v) and v >= 0),
-    "max_events": ("an integer", lambda v: _is_int(v) and v >= 0),
-    "steps": ("an integer", lambda v: _is_int(v) and v >= 0),
+    "dropped_events": ("an integer", _is_count),
+    "max_events": ("an integer", _is_count),
+    "steps": ("an integer", _is_count),
     "exit_code": ("an integer", _is_int), "main_thread": ("an integer", _is_int),
-    "dataloader_workers": ("an integer", lambda v: _is_int(v) and v >= 0),
-    "child_processes": ("an integer", lambda v: _is_int(v) and v >= 0),
+    "dataloader_workers": ("an integer", _is_count),
+    "child_processes": ("an integer", _is_count),
     "budget": ("a number", _is_number),
-    "notes": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
-    "recompile_limits": ("a list of strings", lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v)),
+    "notes": ("a list of strings", _is_strings), "recompile_limits": ("a list of strings", _is_strings),
     "baselines": ("{device: {allocated, reserved}}", lambda v: isinstance(v, dict) and all(
         isinstance(d, dict) and all(_is_int(x) for x in d.values()) for d in v.values())),
     "preexisting": ("{device: [[ptr, bytes], ...]}", lambda v: isinstance(v, dict) and all(
