@@ -109,28 +109,25 @@ def _value_info(val: Any) -> tuple[list[int] | None, str | None, int | None, str
     tensors = [v for v in vals if isinstance(v, torch.Tensor)]
     if not tensors:
         return None, None, None, ""
-    total: int | None = 0
+    static = 0  # bytes of the tensors of static size
+    known = True  # every size known (no symbolic or unreadable one)
     exprs: list[str] = []
     for t in tensors:
         try:
             nbytes = t.numel() * t.element_size()
         except Exception:
-            total = None
+            known = False
             continue
         if type(nbytes) is int:
-            total = None if total is None else total + nbytes
+            static += nbytes
         else:  # str() of a SymInt reads its expression without guarding on it
-            total = None
+            known = False
             exprs.append(str(nbytes))
     first = tensors[0]
     dims = list(first.shape)
     shape: list[int] | None = [int(d) for d in dims] if all(type(d) is int for d in dims) else None
-    expr = ""
-    if exprs:
-        static = sum((v.numel() * v.element_size()) for v in tensors
-                     if all(type(d) is int for d in v.shape))
-        expr = " + ".join(exprs + ([str(static)] if static else []))
-    return shape, str(first.dtype).replace("torch.", ""), total, expr
+    expr = " + ".join(exprs + ([str(static)] if static else [])) if exprs else ""
+    return shape, str(first.dtype).replace("torch.", ""), static if known else None, expr
 
 
 class _NoSpec(Exception):
