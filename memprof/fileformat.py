@@ -107,17 +107,17 @@ def _read(zf: zipfile.ZipFile, name: str, path: Path) -> bytes:
         return fh.read(info.file_size + 1)
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of parsed JSON, iteratively (deep nesting must not recurse)."""
-    deepest, stack = 0, [(value, 1)]
+def _too_deep(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests deeper than `limit`, walked iteratively over its containers only
+    (deep nesting must not recurse; scalars, most of a file, are never pushed)."""
+    stack = [(value, 1)]
     while stack:
         v, d = stack.pop()
-        deepest = max(deepest, d)
-        if isinstance(v, dict):
-            stack.extend((x, d + 1) for x in v.values())
-        elif isinstance(v, list):
-            stack.extend((x, d + 1) for x in v)
-    return deepest
+        if d > limit:
+            return True
+        items = v.values() if isinstance(v, dict) else v
+        stack.extend((x, d + 1) for x in items if isinstance(x, (dict, list)))
+    return False
 
 
 def _read_json(zf: zipfile.ZipFile, name: str, path: Path) -> Any:
@@ -126,7 +126,7 @@ def _read_json(zf: zipfile.ZipFile, name: str, path: Path) -> Any:
         value = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
         raise CaptureFileError(f"{path}: corrupt capture ({name} is not valid JSON)") from None
-    if _depth(value) > _MAX_JSON_DEPTH:
+    if isinstance(value, (dict, list)) and _too_deep(value, _MAX_JSON_DEPTH):
         raise CaptureFileError(f"{path}: corrupt capture ({name} is nested too deeply)")
     return value
 
