@@ -459,40 +459,8 @@ class _Recorder:
 
         gc.callbacks.append(on_gc)
         self._undo.append(lambda: gc.callbacks.remove(on_gc))
-        # Child processes (DataLoader workers above all) allocate where no capture sees: count them so
-        # the capture can say so
-        import multiprocessing.process as mp_process
-
-        original_start = mp_process.BaseProcess.start
-        recorder = self
-
-        def start(proc: Any) -> None:
-            if _active is recorder:
-                target = getattr(getattr(proc, "_target", None), "__module__", "") or ""
-                recorder.children["dataloader" if target.startswith("torch.utils.data") else "other"] += 1
-            original_start(proc)
-
-        mp_process.BaseProcess.start = start  # type: ignore[method-assign,assignment]
-        self._undo.append(lambda: setattr(mp_process.BaseProcess, "start", original_start))
-        # Dynamo giving up on a frame (its recompile limit) runs it eagerly from then on: the capture is
-        # still exact, but of a program the user did not mean to run; say so (a log handler only reads)
-        import logging
-
-        recorder_meta = self.meta
-
-        class RecompileLimit(logging.Handler):
-            def emit(self, record: logging.LogRecord) -> None:
-                if isinstance(record.msg, str) and record.msg.startswith("torch._dynamo hit config."):
-                    with contextlib.suppress(Exception):
-                        first = record.getMessage().splitlines()
-                        where = next((ln.strip() for ln in first if ln.strip().startswith("function:")), "")
-                        recorder_meta.setdefault("recompile_limits", []).append(
-                            f"{first[0].removeprefix('torch._dynamo hit ')}{', ' + where if where else ''}")
-
-        handler = RecompileLimit(logging.WARNING)
-        dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
-        dynamo_log.addHandler(handler)
-        self._undo.append(lambda: dynamo_log.removeHandler(handler))
+        self._count_child_processes()
+        self._watch_recompile_limits()
         # Steps: one marker per optimizer step unless the script calls memprof.step().
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -512,6 +480,44 @@ class _Recorder:
 
         autograd_profiler._run_on_profiler_start = run_on_profiler_start
         self._undo.append(lambda: setattr(autograd_profiler, "_run_on_profiler_start", original))
+
+    def _count_child_processes(self) -> None:
+        """Child processes (DataLoader workers above all) allocate where no capture sees: count the
+        ones started with multiprocessing so the capture can say so."""
+        import multiprocessing.process as mp_process
+
+        original_start = mp_process.BaseProcess.start
+        recorder = self
+
+        def start(proc: Any) -> None:
+            if _active is recorder:
+                target = getattr(getattr(proc, "_target", None), "__module__", "") or ""
+                recorder.children["dataloader" if target.startswith("torch.utils.data") else "other"] += 1
+            original_start(proc)
+
+        mp_process.BaseProcess.start = start  # type: ignore[method-assign,assignment]
+        self._undo.append(lambda: setattr(mp_process.BaseProcess, "start", original_start))
+
+    def _watch_recompile_limits(self) -> None:
+        """Dynamo giving up on a frame (its recompile limit) runs it eagerly from then on: the capture
+        is still exact, but of a program the user did not mean to run; say so (a log handler only reads)."""
+        import logging
+
+        recorder_meta = self.meta
+
+        class RecompileLimit(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                if isinstance(record.msg, str) and record.msg.startswith("torch._dynamo hit config."):
+                    with contextlib.suppress(Exception):
+                        first = record.getMessage().splitlines()
+                        where = next((ln.strip() for ln in first if ln.strip().startswith("function:")), "")
+                        recorder_meta.setdefault("recompile_limits", []).append(
+                            f"{first[0].removeprefix('torch._dynamo hit ')}{', ' + where if where else ''}")
+
+        handler = RecompileLimit(logging.WARNING)
+        dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+        dynamo_log.addHandler(handler)
+        self._undo.append(lambda: dynamo_log.removeHandler(handler))
 
     def _attach_tracker(self) -> None:
         import torch
