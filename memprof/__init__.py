@@ -8,18 +8,19 @@
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from memprof.capture import Capture, LiveAllocation, active, capture, step
-from memprof.errors import CaptureFileError, MemprofError, NativeUnavailable
-from memprof.fileformat import load
+from memprof._version import __version__
+from memprof.capture import Capture, CaptureInfo, LiveAllocation, load
+from memprof.errors import CaptureFileError, MemprofError, NativeUnavailable, SaveError
+from memprof.recorder import active, capture, step
 
 __all__ = [
     "Capture",
     "CaptureFileError",
+    "CaptureInfo",
     "LiveAllocation",
     "MemprofError",
     "NativeUnavailable",
+    "SaveError",
     "__version__",
     "active",
     "capture",

@@ -21,6 +21,11 @@ class IncompleteCaptureError(MemprofError):
     so its peak is only a lower bound (`Capture.peak(lower_bound=True)` returns that bound)."""
 
 
+class SaveError(MemprofError):
+    """A capture that could not be written (a full disk, a directory that went away): nothing
+    partial is left at the path; the capture itself is still filled and usable."""
+
+
 class NativeUnavailable(MemprofError):
     """The native extension memprof._C is not built or does not match the installed torch."""
 

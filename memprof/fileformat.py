@@ -19,24 +19,34 @@ import os
 import zipfile
 import zlib
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 
 from memprof._events import EVENT_DTYPE, SEGMENT_KINDS, Kind
 from memprof.errors import CaptureFileError
 from memprof.outputs import atomic_write
-
-if TYPE_CHECKING:
-    from memprof.capture import Capture
-    from memprof.plans import CompiledGraph, Plan
+from memprof.plans import CompiledGraph, KnownTensor, Plan
 
 FORMAT_NAME = "memprof"
 FORMAT_VERSION = 2  # 2: plans.json and wrappers/ (version 1 files still load)
 
 
-def save(cap: Capture, path: Path) -> Path:
-    """Write `cap` to `path` atomically (a temporary file renamed into place, `outputs.atomic_write`)."""
+class Parts(NamedTuple):
+    """What a .memprof file holds (`memprof.capture.Capture` is built from these)."""
+
+    raw: np.ndarray
+    strings: list[str]
+    meta: dict[str, Any]
+    threads: list[dict[str, Any]]
+    plans: list[Plan]
+    graphs: list[CompiledGraph]
+    tensors: list[KnownTensor]
+
+
+def save(cap: Parts, path: Path) -> Path:
+    """Write a capture's parts to `path` atomically (a temporary file renamed into place,
+    `outputs.atomic_write`)."""
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **cap.meta}
     events = io.BytesIO()
     np.save(events, np.ascontiguousarray(cap.raw), allow_pickle=False)
@@ -241,13 +251,12 @@ def _check_threads(threads: Any, path: Path) -> list[dict[str, Any]]:
     return list(threads)
 
 
-def load(path: str | os.PathLike[str]) -> Capture:
-    """Read a .memprof file written by `Capture.save` or `memprof trace`.
+def read(path: str | os.PathLike[str]) -> Parts:
+    """Read a .memprof file written by `Capture.save` or `memprof trace` (`memprof.load` makes a
+    `Capture` of it).
 
     Every member is checked before it is used (declared sizes against the file, JSON types, event
     fields in range): a truncated, corrupt or hostile file is refused with one CaptureFileError line."""
-    from memprof.capture import Capture
-
     p = Path(path)
     if not p.exists():
         raise CaptureFileError(f"{p}: no such file")
@@ -290,14 +299,11 @@ def load(path: str | os.PathLike[str]) -> Capture:
     plans, graphs, tensors = _plans(plans_doc, sources, p)
     meta.pop("format", None)
     meta["format_version_read"] = meta.pop("format_version")
-    cap = Capture(raw=raw, strings=strings, meta=meta, threads=threads, plans=plans, graphs=graphs, tensors=tensors)
-    cap.meta["path"] = str(p)
-    return cap
+    meta["path"] = str(p)
+    return Parts(raw, strings, meta, threads, plans, graphs, tensors)
 
 
-def _plans(doc: Any, sources: dict[str, str], path: Path) -> tuple[list[Plan], list[CompiledGraph], list[Any]]:
-    from memprof.plans import CompiledGraph, Plan
-
+def _plans(doc: Any, sources: dict[str, str], path: Path) -> tuple[list[Plan], list[CompiledGraph], list[KnownTensor]]:
     if not doc:
         return [], [], []
     try:
@@ -306,7 +312,8 @@ def _plans(doc: Any, sources: dict[str, str], path: Path) -> tuple[list[Plan], l
         plans = [Plan.from_json(d) for d in doc.get("plans", [])]
         graphs = [CompiledGraph.from_json(d, sources.get(f"wrappers/{i}.py", ""))
                   for i, d in enumerate(doc.get("graphs", []))]
-        tensors = [(int(t[0]), str(t[1]), int(t[2]), int(t[3]), str(t[4]), str(t[5])) for t in doc.get("tensors", [])]
+        tensors = [KnownTensor(int(t[0]), str(t[1]), int(t[2]), int(t[3]), str(t[4]), str(t[5]))
+                   for t in doc.get("tensors", [])]
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         raise CaptureFileError(f"{path}: corrupt capture (bad plans.json: {type(exc).__name__})") from None
     return plans, graphs, tensors

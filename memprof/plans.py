@@ -1,6 +1,6 @@
 """Compile plans: what the partitioner decided for each compiled forward/backward pair (pure data).
 
-Recorded by `memprof.compile_hooks` while a capture runs and stored in the .memprof file
+Recorded by `memprof.torch_hooks.plan_recorder` while a capture runs and stored in the .memprof file
 (`plans.json`, plus each compiled graph's wrapper source under `wrappers/`). Everything here
 is plain data with JSON round-trips; nothing imports torch.
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
-from typing import Any
+from typing import Any, NamedTuple
 
-from memprof.wrapper_code import WrapperCode, parse_wrapper
+from memprof.analysis.wrapper_code import WrapperCode, parse_wrapper
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,18 @@ class CompiledGraph:
             notes=list(d.get("notes", [])),
             inductor_estimate=opt_int("inductor_estimate"), inductor_estimate_kept=opt_int("inductor_estimate_kept"),
         )
+
+
+class KnownTensor(NamedTuple):
+    """A tensor whose role is known by pointer from a given time: a parameter (or buffer), a
+    gradient or an optimizer state tensor, as seen in the modules and optimizers."""
+
+    t_ns: int  # when it was seen (steady clock)
+    device: str
+    ptr: int  # its storage's data pointer
+    bytes: int  # its storage's bytes
+    category: str  # "parameter", "gradient" or "optimizer_state"
+    name: str  # "layers.3.mlp.w", "layers.3.mlp.w.grad", "layers.3.mlp.w.exp_avg"
 
 
 _FX_FIELDS = {f.name for f in fields(FxNode)}

@@ -100,12 +100,24 @@ class SignalGuard:
 
 def interrupted(exc: KeyboardInterrupt | Terminated) -> ScriptResult:
     """The result of a script ended by Ctrl-C, SIGTERM or SIGHUP (`SignalGuard`), said on stderr."""
+    result = outcome(exc)
+    what = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"terminated ({result.error})"
+    print(f"memprof: {what}; saving the capture", file=sys.stderr)
+    return result
+
+
+def outcome(exc: BaseException | None) -> ScriptResult:
+    """How a run ended, from the exception that ended it (None: it ran to its end). Ctrl-C and
+    SIGTERM/SIGHUP (`Terminated`) are "interrupted", with the shell's exit code for the signal."""
+    if exc is None:
+        return ScriptResult(0, "completed")
+    if isinstance(exc, SystemExit):
+        return ScriptResult(_exit_code(exc.code), "exit")
     if isinstance(exc, KeyboardInterrupt):
-        print("memprof: interrupted (Ctrl-C); saving the capture", file=sys.stderr)
         return ScriptResult(130, "interrupted", "KeyboardInterrupt")
-    name = signal.Signals(exc.signum).name
-    print(f"memprof: terminated ({name}); saving the capture", file=sys.stderr)
-    return ScriptResult(128 + exc.signum, "interrupted", name)
+    if isinstance(exc, Terminated):
+        return ScriptResult(128 + exc.signum, "interrupted", signal.Signals(exc.signum).name)
+    return ScriptResult(1, "oom" if _is_oom(exc) else "exception", one_line(exc))
 
 
 def _script_traceback(exc: BaseException, path: Path) -> TracebackType | None:
@@ -146,17 +158,16 @@ def run_script(path: Path, args: list[str], stop: type[BaseException] | None = N
             exec(code, main.__dict__)
         finally:
             guard.script_done()  # first: a signal from here on must not interrupt memprof
-        return ScriptResult(0, "completed")
+        return outcome(None)
     except SystemExit as exc:
-        return ScriptResult(_exit_code(exc.code), "exit")
+        return outcome(exc)
     except (KeyboardInterrupt, Terminated) as exc:
         return interrupted(exc)
     except BaseException as exc:  # the script's own error: print it as Python would
         if stop is not None and isinstance(exc, stop):
             return ScriptResult(0, "stopped")
         traceback.print_exception(type(exc), exc, _script_traceback(exc, path), file=sys.stderr)
-        status = "oom" if _is_oom(exc) else "exception"
-        return ScriptResult(1, status, one_line(exc))
+        return outcome(exc)
     finally:
         if own:
             guard.__exit__(None, None, None)

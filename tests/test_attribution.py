@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import memprof
-from memprof.attribution import CATEGORIES, Category
+from memprof.analysis.attribution import CATEGORIES, Category
 
 from .conftest import ROOT, run_memprof
 

@@ -113,7 +113,7 @@ def test_frees_by_the_cyclic_garbage_collector_are_told_apart() -> None:
     to the byte, per step; the summary, the text report and the sweep's measurement say so."""
     import gc
 
-    from memprof.summary import summarize
+    from memprof.analysis.summary import summarize
     from memprof.sweep.measure import measure
 
     gc.collect()
@@ -128,7 +128,7 @@ def test_frees_by_the_cyclic_garbage_collector_are_told_apart() -> None:
     tl = cap.timeline("cpu")
     assert tl.delta[cap.gc_freed("cpu")].tolist() == [-4000, -4000, -4000]
     assert int((tl.delta < 0).sum()) == 6  # the three 2000-byte frees are not the collector's
-    dev = summarize(cap)["devices"][0]
+    dev = summarize(cap).to_json()["devices"][0]
     assert dev["gc_freed"] == {"count": 3, "bytes": 12000,
                                "by_scope": [{"scope": "aten::empty", "bytes": 12000, "count": 3}]}
     assert [st["gc_freed_bytes"] for st in dev["steps"]] == [4000, 4000, 4000]

@@ -267,7 +267,7 @@ def test_predicted_budgets_share_a_process_on_cuda(tmp_path: Path) -> None:
 
     def predict(*budgets: float) -> list[dict[str, object]]:
         paths = [tmp_path / f"{len(budgets)}_{i}.json" for i in range(len(budgets))]
-        cmd = [sys.executable, "-m", "memprof.sweep.predict"]
+        cmd = [sys.executable, "-m", "memprof", "_sweep-child", "--predict"]
         for b, path in zip(budgets, paths, strict=True):
             cmd += ["--budget", str(b), "--json", str(path)]
         proc = subprocess.run([*cmd, *script], capture_output=True, text=True, timeout=600)
@@ -276,9 +276,9 @@ def test_predicted_budgets_share_a_process_on_cuda(tmp_path: Path) -> None:
 
     shared = predict(0.0, 1.0)
     (alone,) = predict(1.0)
-    assert shared[1]["meta"]["kernels"] > 0 and shared[1]["meta"]["kernels_compiled"] == 0  # type: ignore[index]
-    assert alone["meta"]["kernels"] > 0 and alone["meta"]["kernels_compiled"] == 0  # type: ignore[index,operator]
-    assert alone["meta"]["graphs_run_op_by_op"] > 0 == shared[1]["meta"]["graphs_run_op_by_op"]  # type: ignore[index,operator]
+    assert shared[1]["details"]["kernels"] > 0 and shared[1]["details"]["kernels_compiled"] == 0  # type: ignore[index]
+    assert alone["details"]["kernels"] > 0 and alone["details"]["kernels_compiled"] == 0  # type: ignore[index,operator]
+    assert alone["details"]["graphs_run_op_by_op"] > 0 == shared[1]["details"]["graphs_run_op_by_op"]  # type: ignore[index,operator]
     for key in ("estimates", "facts", "at_peak", "peak_phase"):
         assert shared[1]["measured"][key] == alone["measured"][key], key  # type: ignore[index]
     assert shared[1]["measured"]["device"] == "cuda"  # type: ignore[index]

@@ -11,7 +11,7 @@ import sympy
 import torch
 
 import memprof
-from memprof.compile_hooks import size_hint
+from memprof.torch_hooks.fx import size_hint
 
 
 def _train(backend: str, mode: str) -> tuple[int, list[str]]:

@@ -19,8 +19,8 @@ import pytest
 
 import memprof
 from memprof._events import EVENT_DTYPE
+from memprof.analysis.wrapper_code import parse_wrapper
 from memprof.errors import CaptureFileError, MemprofError
-from memprof.wrapper_code import parse_wrapper
 
 from .conftest import one_line_error, run_memprof
 

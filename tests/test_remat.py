@@ -12,6 +12,7 @@ import torch
 import torch._functorch.config as functorch_config
 from click.testing import CliRunner
 
+import memprof
 import memprof.remat as remat
 from memprof.remat.report import RematReport
 
@@ -224,10 +225,14 @@ def test_partitioner_uuid_names_mode_and_source() -> None:
 
     again = pickle.loads(pickle.dumps(light))  # Inductor pickles its config for cache keys
     assert type(again) is type(light) and again.uuid() == light.uuid()
-    cls = type(light)
-    assert cls(None, lambda *a, **k: None).uuid() is None  # an inner partitioner without a uuid: uncacheable
-    with remat.enable("all"):
-        assert cls(None).uuid() == everything.uuid()
+    import torch._inductor.config as inductor_config
+
+    with remat.enable("all"):  # the partitioner chain, with the pass as its transform
+        chain = inductor_config.custom_partitioner_fn
+        assert chain.uuid() == everything.uuid()
+        assert type(chain)(lambda *a, **k: None).uuid() is None  # an inner one without a uuid: uncacheable
+        with memprof.capture(plans=True):
+            assert chain.uuid() is None  # a recorded compile: no cache may skip it
 
 
 def _break(monkeypatch: pytest.MonkeyPatch, target: str) -> None:
@@ -274,8 +279,8 @@ def test_enable_restores_the_config() -> None:
 
 
 def test_trace_cli_records_the_pass_in_the_capture(tmp_path: Path) -> None:
+    from memprof import load
     from memprof.cli import cli
-    from memprof.fileformat import load
 
     out = tmp_path / "llama.memprof"
     result = CliRunner().invoke(cli, ["trace", str(ROOT / "examples" / "train_llama.py"), "--budget", "0.05",

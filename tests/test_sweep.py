@@ -145,12 +145,12 @@ def test_sweep_end_to_end(small_sweep: tuple[Path, subprocess.CompletedProcess[s
     assert crashed.status == "exception" and not crashed.ok and "deliberate failure" in (crashed.error or "")
     assert crashed.capture is not None and (out / crashed.capture).exists()  # the partial capture is kept
     for r in sweep.runs[1:]:
-        assert r.ok and r.measured is not None and r.measured["compiled"] and r.measured["steps"] == 3
+        assert r.ok and r.measured is not None and r.measured.compiled and r.measured.steps == 3
         # the step peak is exact: recomputed here from the capture's own timeline
         assert r.capture is not None
         cap = memprof.load(out / r.capture)
         m = measure(cap, attribution=False)
-        assert m.step_peak == r.step_peak and m.step_peaks == r.measured["step_peaks"]
+        assert m.step_peak == r.step_peak and m.step_peaks == r.measured.step_peaks
         tl = cap.timeline("cpu")
         assert r.step_peak is not None and 0 < r.step_peak <= tl.peak - tl.baseline
     # the knapsack at 0.02 recomputes more and peaks higher than at 0.1: flagged and explained
@@ -190,7 +190,7 @@ def test_sweep_of_a_script_that_never_compiles(tmp_path: Path) -> None:
     peaks = [r.step_peak for r in sweep.runs]
     assert all(p is not None and p > 0 for p in peaks)
     assert np.ptp(np.array(peaks)) == 0  # eager: the budget changes nothing, to the byte
-    assert not any((r.measured or {}).get("compiled") for r in sweep.runs)
+    assert not any(r.measured is not None and r.measured.compiled for r in sweep.runs)
     # the cores are split between the jobs for Inductor's compile workers; on the CPU torch keeps its
     # threads (Inductor's CPU code depends on their number)
     log = (tmp_path / "sweep_sweep_train" / sweep.runs[0].log).read_text()
@@ -259,8 +259,8 @@ def test_probe_measures_a_fallback_kernels_scratch(monkeypatch: pytest.MonkeyPat
     import torch
 
     import memprof._native
-    from memprof.compile_hooks import call_spec
     from memprof.sweep.probe import scratch_bytes, unprobed
+    from memprof.torch_hooks.fx import call_spec
 
     graph = torch.fx.Graph()
     g, q, k, v, o, lse = (graph.placeholder(name) for name in ("g", "q", "k", "v", "o", "lse"))
@@ -344,9 +344,9 @@ def test_memprof_estimate_on_inductor_cpu() -> None:
 
 def _predict(tmp_path: Path, budgets: list[float], *script_args: str, remat: str | None = None
              ) -> tuple[int, list[dict[str, Any]]]:
-    """`python -m memprof.sweep.predict` for budgets in one process, on tests/sweep_train.py."""
+    """`memprof _sweep-child --predict` for budgets in one process, on tests/sweep_train.py."""
     paths = [tmp_path / f"{len(list(tmp_path.iterdir()))}_{i}.json" for i in range(len(budgets))]
-    cmd = [sys.executable, "-m", "memprof.sweep.predict"]
+    cmd = [sys.executable, "-m", "memprof", "_sweep-child", "--predict"]
     for b, path in zip(budgets, paths, strict=True):
         cmd += ["--budget", str(b), "--json", str(path)]
     cmd += ["--remat", remat] if remat else []
@@ -363,10 +363,10 @@ def test_predicted_budgets_share_a_process(tmp_path: Path) -> None:
     rc, shared = _predict(tmp_path, [0.0, 1.0, 0.3])
     assert rc == 0
     for b, got in zip([0.0, 1.0, 0.3], shared, strict=True):
-        assert got["meta"]["status"] == "completed" and got["meta"]["group"] == [0.0, 1.0, 0.3]
-        assert got["meta"]["ran_script"] == (b == 0.0)
+        assert got["status"] == "completed" and got["details"]["group"] == [0.0, 1.0, 0.3]
+        assert got["details"]["ran_script"] == (b == 0.0)
         rc_alone, (alone,) = _predict(tmp_path, [b])
-        assert rc_alone == 0 and alone["meta"]["group"] == [b]
+        assert rc_alone == 0 and alone["details"]["group"] == [b]
         assert got["measured"]["facts"] == alone["measured"]["facts"] and got["measured"]["plans"] == 1
     assert shared[0]["measured"]["facts"] != shared[1]["measured"]["facts"]  # budgets 0 and 1 save differently
     rc, remat = _predict(tmp_path, [0.0, 0.3], remat="light")  # memprof's remat pass on the copied joint graph
@@ -375,9 +375,9 @@ def test_predicted_budgets_share_a_process(tmp_path: Path) -> None:
     assert remat[1]["measured"]["facts"] != shared[2]["measured"]["facts"]  # light is not stock
     rc, failed = _predict(tmp_path, [0.0, 1.0], "--crash-before-backward")
     assert rc == 1
-    assert [f["meta"]["status"] for f in failed] == ["exception", "exception"]
-    assert failed[0]["meta"]["error"] == "RuntimeError: deliberate failure before the backward"
-    assert failed[1]["meta"]["error"] == "RuntimeError: deliberate failure before the backward (the script, run with 0)"
+    assert [f["status"] for f in failed] == ["exception", "exception"]
+    assert failed[0]["error"] == "RuntimeError: deliberate failure before the backward"
+    assert failed[1]["error"] == "RuntimeError: deliberate failure before the backward (the script, run with 0)"
 
 
 def test_predicted_graphs_run_op_by_op() -> None:
@@ -387,7 +387,8 @@ def test_predicted_graphs_run_op_by_op() -> None:
     import torch
     import torch._inductor.config as inductor_config
 
-    from memprof.sweep.predict import EagerRun, LazyKernel, eager_runs, lazy_kernels
+    from memprof.torch_hooks.patch import Patches
+    from memprof.torch_hooks.predict import EagerRun, LazyKernel, eager_runs, lazy_kernels
 
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return torch.relu(x @ w).sin() + x.sum()
@@ -397,7 +398,9 @@ def test_predicted_graphs_run_op_by_op() -> None:
     kernels: list[LazyKernel] = []
     notes: list[str] = []
     torch._dynamo.reset()
-    with lazy_kernels(kernels), eager_runs(runs, notes.append), inductor_config.patch(force_disable_caches=True):
+    with Patches() as patches, inductor_config.patch(force_disable_caches=True):
+        lazy_kernels(patches, kernels)
+        eager_runs(patches, runs, notes.append)
         got = torch.compile(f, backend="inductor")(x, w)
     torch._dynamo.reset()
     torch.testing.assert_close(got, f(x, w))  # aten's ops as traced: the same values to rounding
@@ -441,7 +444,8 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     if (os.cpu_count() or 1) > 1:  # one job for two budgets: the sweep says how to use the cores
         assert f"--jobs {min(2, os.cpu_count() or 1)} would spread them over the cores" in predicted.stderr
-    alone = subprocess.run([sys.executable, "-m", "memprof.sweep.predict", "--budget", "1.0", "--json",
+    alone = subprocess.run([sys.executable, "-m", "memprof", "_sweep-child", "--predict", "--budget", "1.0",
+                            "--json",
                             str(tmp_path / "alone.json"), example, *script_args], cwd=tmp_path, capture_output=True,
                            text=True, timeout=900)
     assert alone.returncode == 0, alone.stderr[-3000:]
@@ -453,23 +457,23 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
     assert "step 1:" not in (tmp_path / "p" / "logs" / log).read_text()  # the script printed nothing after a backward
     for rm, rp in zip(m.runs, p.runs, strict=True):
         assert rm.budget == rp.budget and rp.ok and rp.measured is not None and rm.measured is not None
-        est = rp.measured["estimates"]["memprof"]
-        assert est is not None and abs(est - rm.measured["estimates"]["memprof"]) <= 0.001 * est
+        est = rp.measured.estimates["memprof"]
+        assert est is not None and abs(est - (rm.measured.estimates["memprof"] or 0)) <= 0.001 * est
         assert rm.step_peak is not None and abs(est - rm.step_peak) <= 0.03 * rm.step_peak
         assert p.value(rp) == est
         # no capture: what is live at the peak is the estimate's own explanation, summing to it
-        assert rp.measured["at_peak_source"] == "estimate" and rp.measured["peak_phase"] == "backward"
-        assert sum(rp.measured["at_peak"].values()) == est
-        assert rp.measured["estimate_unprobed"] == rm.measured["estimate_unprobed"] == []  # every scratch probed
+        assert rp.measured.at_peak_source == "estimate" and rp.measured.peak_phase == "backward"
+        assert sum(rp.measured.at_peak.values()) == est
+        assert rp.measured.estimate_unprobed == rm.measured.estimate_unprobed == []  # every scratch probed
     at_zero = next(r for r in p.runs if r.budget == 0.0).measured
-    assert at_zero is not None and at_zero["at_peak"].get("recomputed", 0) > 0  # all recomputed at budget 0
+    assert at_zero is not None and at_zero.at_peak.get("recomputed", 0) > 0  # all recomputed at budget 0
     shared = json.loads((tmp_path / "p" / "logs" / f"stock_{budget_label(1.0)}.json").read_text())
     solo = json.loads((tmp_path / "alone.json").read_text())
-    assert shared["meta"]["group"] == [0.0, 1.0] and not shared["meta"]["ran_script"]
+    assert shared["details"]["group"] == [0.0, 1.0] and not shared["details"]["ran_script"]
     # no kernel is compiled: the budget the script ran with runs its graphs op by op
-    assert shared["meta"]["kernels"] > 0 and shared["meta"]["kernels_compiled"] == 0
-    assert solo["meta"]["kernels"] > 0 and solo["meta"]["kernels_compiled"] == 0
-    assert solo["meta"]["graphs_run_op_by_op"] > 0 and shared["meta"]["graphs_run_op_by_op"] == 0
+    assert shared["details"]["kernels"] > 0 and shared["details"]["kernels_compiled"] == 0
+    assert solo["details"]["kernels"] > 0 and solo["details"]["kernels_compiled"] == 0
+    assert solo["details"]["graphs_run_op_by_op"] > 0 and shared["details"]["graphs_run_op_by_op"] == 0
     for key in ("estimates", "facts", "at_peak", "peak_phase", "plans"):
         assert shared["measured"][key] == solo["measured"][key], key
     assert "predicted MB" in predicted.stdout

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from memprof._events import EVENT_DTYPE, FLAG_UNFOLLOWED_THREAD, Kind, device_name, parse_device
+from memprof.analysis.scopes import ScopeIndex, pair
+from memprof.analysis.timeline import build_timeline, step_stats
 from memprof.reporters.chrome import downsample
-from memprof.timeline import build_timeline, scope_slices, scope_stack_at, step_stats
 
 
 def events(*rows: tuple[int, int, int, int] | tuple[int, int, int, int, int]) -> np.ndarray:
@@ -93,8 +94,8 @@ def test_scope_stack_and_slices_nest() -> None:
     B, E, A = Kind.SCOPE_BEGIN, Kind.SCOPE_END, Kind.ALLOC
     raw = events((B, 0, 0, 1), (B, 0, 0, 2), (A, 64, 1, 2), (E, 0, 0, 2), (B, 0, 0, 3), (E, 0, 0, 3), (E, 0, 0, 1),
                  (B, 0, 0, 4))
-    assert scope_stack_at(raw, 2) == [1, 2]
-    slices = scope_slices(raw, t_stop_ns=1000)
+    assert ScopeIndex(raw).stack_at(2) == [1, 2]
+    slices = ScopeIndex(raw).slices(t_stop_ns=1000)
     spans = sorted((s.scope, s.t_begin_ns, s.t_end_ns, s.depth, s.closed) for s in slices)
     assert spans == [(1, 0, 60, 0, True), (2, 10, 30, 1, True), (3, 40, 50, 1, True), (4, 70, 1000, 0, False)]
 
@@ -110,7 +111,7 @@ def test_downsample_keeps_the_peak_and_ends() -> None:
 
 
 def test_blocks_live_at_the_start_are_labelled_and_freed() -> None:
-    from memprof.attribution import category_series, label_timeline, rows_at
+    from memprof.analysis.attribution import category_series, label_timeline, rows_at
 
     # before the capture: a parameter block at 0x100 (2048 B), an unknown block at 0x200 (512 B),
     # and 1024 B the snapshot missed; during it: one allocation, then the unknown block is freed.
@@ -136,5 +137,22 @@ def test_an_unscoped_worker_thread_event_takes_the_capturing_threads_stack() -> 
     B, A = Kind.SCOPE_BEGIN, Kind.ALLOC
     raw = events((B, 0, 0, 1), (B, 0, 0, 2), (A, 64, 1, 0))
     raw["thread"][2] = 3  # an intra-op worker allocating inside the op the main thread runs
-    assert scope_stack_at(raw, 2) == []
-    assert scope_stack_at(raw, 2, fallback_thread=0) == [1, 2]
+    assert ScopeIndex(raw).stack_at(2) == []
+    assert ScopeIndex(raw).stack_at(2, fallback_thread=0) == [1, 2]
+
+
+def test_one_pairing_rule_for_every_view_of_scopes() -> None:
+    B, E = Kind.SCOPE_BEGIN, Kind.SCOPE_END
+    # 1 opens 2 and 3; 3 never ends (its end was not seen), 1's end closes it; an end of 9 with no
+    # open 9 is ignored; 5 is still open at the stop
+    kinds = [B, B, E, B, E, E, B]
+    scopes = [1, 2, 2, 3, 9, 1, 5]
+    assert [(p.begin, p.end, p.scope, p.depth, p.closed) for p in pair(kinds, scopes)] == [
+        (1, 2, 2, 1, True), (3, 5, 3, 1, False), (0, 5, 1, 0, True), (6, -1, 5, 0, False)]
+    raw = events(*[(k, 0, 0, s) for k, s in zip(kinds, scopes, strict=True)])
+    index = ScopeIndex(raw)
+    assert index.outermost([1, 5]) == [(0, 0, 5, 1), (0, 6, 7, 5)]
+    assert index.outermost([3]) == [(0, 3, 7, 3)]  # among scopes 3 alone, it never ends
+    assert index.stack_at(4) == [1, 3] and index.stack_at(6) == []
+    begins, ends, ids = index.children(0, 0, 5, [2, 3])
+    assert begins.tolist() == [1, 3] and ends.tolist() == [2, 5] and ids.tolist() == [2, 3]

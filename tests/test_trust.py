@@ -338,7 +338,7 @@ def test_kernel_names_are_printed_whole() -> None:
 
 
 def test_random_op_warning_names_memprofs_remat_pass() -> None:
-    from memprof.summary import rng_warnings
+    from memprof.analysis.summary import rng_warnings
 
     cap = memprof.load(Path(__file__).parent / "fixtures" / "tiny_compiled.memprof")
     plan = cap.plans[0]

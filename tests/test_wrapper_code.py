@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memprof.wrapper_code import parse_wrapper
+from memprof.analysis.wrapper_code import parse_wrapper
 
 WRAPPER = '''
 from torch._inductor.select_algorithm import extern_kernels
@@ -72,7 +72,7 @@ def test_symbolic_sizes_are_checked_per_call() -> None:
     """A dynamic graph's allocations are sized by expressions of its size symbols, whose values change
     every call: some value must explain every allocation of a call, exactly on the CPU and within the
     caching allocator's rounding on CUDA."""
-    from memprof.wrapper_code import AllocSite, check_symbolic_sizes
+    from memprof.analysis.wrapper_code import AllocSite, check_symbolic_sizes
 
     a = AllocSite("buf0", None, "(2*s50, 32)", "float32", 1, "(32, 1)")
     b = AllocSite("buf3", None, "(2, s50, 32)", "bool", 2, "(32*s50, 32, 1)")

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import memprof
-from memprof.summary import fmt_bytes
+from memprof.analysis.units import fmt_bytes
 
 ACTIVATION = ("saved_activation", "recomputed", "rng_mask", "temporary", "workspace")
 

@@ -40,11 +40,14 @@ def main(argv: list[str] | None = None) -> int:
     total = time.perf_counter() - t
     print(f"imports {imported:.1f} s, predict {total:.1f} s")
     for r in results:
-        m = r["measured"]
-        print(f"budget {r['meta']['budget']:g}: {r['meta']['status']}, own {m['own_compile_s']:.1f} s, "
-              f"shared {m['shared_s']:.1f} s, memprof estimate {m['estimates'].get('memprof')}")
+        m = r.measured
+        if m is None:
+            print(f"budget {r.budget:g}: {r.status}: {r.error}")
+            continue
+        print(f"budget {r.budget:g}: {r.status}, own {m.own_compile_s:.1f} s, "
+              f"shared {m.shared_s:.1f} s, memprof estimate {m.estimates.get('memprof')}")
     print(dynamo_utils.compile_times(repr="str", aggregate=True))
-    return 0 if all(r["meta"]["status"] == "completed" for r in results) else 1
+    return 0 if all(r.status == "completed" for r in results) else 1
 
 
 if __name__ == "__main__":

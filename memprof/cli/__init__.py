@@ -12,7 +12,7 @@ import sys
 
 import click
 
-from memprof import __version__
+from memprof._version import __version__
 from memprof.errors import MAX_ERROR_LINE, MemprofError, one_line, printable
 from memprof.runner import Terminated
 
@@ -24,9 +24,10 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from memprof.cli import export, report, sweep, trace
+    from memprof.cli import export, report, sweep, sweep_child, trace
 
     cli.add_command(trace.trace)
+    cli.add_command(sweep_child.sweep_child)
     cli.add_command(report.report)
     cli.add_command(export.export)
     cli.add_command(sweep.sweep)

@@ -24,8 +24,8 @@ class _Formats(click.Choice):  # type: ignore[type-arg]  # generic only in click
               help="Down-sample counter tracks to about this many points (the peak is always kept).")
 def export(capture_file: str, fmt: str, output: str | None, force: bool, max_counter_points: int | None) -> None:
     """Convert CAPTURE; the Chrome trace opens in ui.perfetto.dev or chrome://tracing."""
+    from memprof.capture import load
     from memprof.errors import MemprofError
-    from memprof.fileformat import load
     from memprof.outputs import check_outputs, resolve, write_text
     from memprof.reporters import get
 

@@ -21,8 +21,8 @@ def report(capture_file: str, by: str | None, at: str, device: str | None, as_js
     With --by, print the live bytes at --at grouped by category, FX node, layer or kernel;
     the rows sum exactly to the live bytes at that point.
     """
+    from memprof.capture import load
     from memprof.errors import MemprofError
-    from memprof.fileformat import load
     from memprof.reporters import render
 
     cap = load(capture_file)

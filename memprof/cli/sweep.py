@@ -48,10 +48,11 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from memprof.analysis.units import MB
     from memprof.errors import printable
     from memprof.runner import check_script
     from memprof.sweep import parse_budgets, prepare_dir, run_sweep
-    from memprof.sweep.result import MB, Run, run_value
+    from memprof.sweep.result import Run, run_value
     from memprof.sweep.table import render_findings, render_table
 
     budgets = parse_budgets(spec)

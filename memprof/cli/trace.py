@@ -5,28 +5,14 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from memprof.cli.options import Budget
-from memprof.errors import one_line
 from memprof.outputs import write_text
-
-
-def _write_measure(cap: Any, path: Path) -> None:
-    import json
-
-    from memprof.sweep.measure import measure
-
-    d: dict[str, Any] = {"meta": {k: cap.meta.get(k) for k in ("status", "exit_code", "error", "budget", "remat")}}
-    try:
-        d["measured"] = measure(cap).to_json() if len(cap.raw) else None
-    except Exception as exc:  # the capture is saved; the sweep measures it from the file instead
-        d["measured"] = None
-        d["measure_error"] = f"{one_line(exc)}"
-    write_text(path, json.dumps(d))
 
 
 def _remat(mode: str) -> contextlib.AbstractContextManager[None]:
@@ -35,6 +21,84 @@ def _remat(mode: str) -> contextlib.AbstractContextManager[None]:
     from memprof.remat import enable
 
     return enable(mode)
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    budget: float | None = None
+    remat: str = "off"
+    max_events: int | None = None
+    scopes: str = "ops"
+    kernels: bool = True
+    knapsack_evaluator: bool = False  # the sweep's measurements also run KnapsackEvaluator
+
+
+def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | None, launch: Path) -> None:
+    """The summary first, then where each file went (or why it could not be written)."""
+    from memprof.outputs import shown
+    from memprof.reporters import render
+
+    click.echo(render("text", cap), err=True)
+    if chrome_path is not None:
+        try:
+            write_text(chrome_path, render("chrome", cap))
+            click.echo(f"memprof: Chrome/Perfetto trace written to {shown(chrome_path, launch)} "
+                       "(open in ui.perfetto.dev)", err=True)
+        except OSError as exc:
+            click.echo(f"memprof: error: the Chrome trace could not be written to {chrome_path}: "
+                       f"{exc.strerror or exc}", err=True)
+    if save_error is None:
+        click.echo(f"memprof: capture saved to {shown(out, launch)} (memprof report {shown(out, launch)})", err=True)
+    else:
+        click.echo(f"memprof: error: {save_error}", err=True)
+    sys.stdout.flush()
+
+
+def traced(path: Path, script_args: list[str], out: Path, chrome_path: Path | None, opts: TraceOptions,
+           launch: Path) -> tuple[Any, int]:
+    """Run the script under capture as `memprof trace` does (saved whatever happens, summary
+    printed); returns the capture and the exit code to end with."""
+    import torch._functorch.config as functorch_config
+
+    from memprof.errors import SaveError
+    from memprof.outputs import shown
+    from memprof.recorder import DEFAULT_MAX_EVENTS, session
+    from memprof.runner import SignalGuard, Terminated, interrupted, run_script
+
+    budget_set = (functorch_config.patch(activation_memory_budget=opts.budget) if opts.budget is not None
+                  else contextlib.nullcontext())
+    meta = {"command": shlex.join(["python", str(path), *script_args]), "argv": [str(path), *script_args],
+            "script": str(path.resolve()), "remat": opts.remat,
+            "budget": opts.budget if opts.budget is not None else functorch_config.activation_memory_budget}
+    cap: Any = None
+    result = None
+    save_error: str | None = None
+    with SignalGuard() as signals:
+        try:
+            with budget_set, _remat(opts.remat), session(
+                    max_events=opts.max_events or DEFAULT_MAX_EVENTS, scopes=opts.scopes, kernels=opts.kernels,
+                    meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator) as cap:
+                try:
+                    result = run_script(path, script_args, signals=signals)
+                except (KeyboardInterrupt, Terminated) as exc:  # a signal just before the script started
+                    signals.script_done()
+                    result = interrupted(exc)
+                except BaseException:
+                    signals.script_done()  # memprof's own failure: the session still saves the capture
+                    cap.meta.update(status="memprof-error", exit_code=None)
+                    raise
+                cap.meta.update(status=result.status, exit_code=result.exit_code, error=result.error)
+        except SaveError as exc:
+            save_error = str(exc)
+        except BaseException:
+            if cap is not None and cap.saved_to is not None:
+                click.echo(f"memprof: partial capture saved to {shown(out, launch)}", err=True)
+            raise
+        assert result is not None
+        _report(cap, out, chrome_path, save_error, launch)
+    if signals.received:  # signals that came while saving: the run ends as they asked, the file written
+        return cap, 128 + signals.received[-1]
+    return cap, result.exit_code
 
 
 @click.command(
@@ -58,91 +122,22 @@ def _remat(mode: str) -> contextlib.AbstractContextManager[None]:
               help="Scopes recorded: every op and kernel, compiled-graph calls only (lower overhead), or none.")
 @click.option("--no-kernel-scopes", is_flag=True,
               help="Do not ask Inductor for per-kernel scopes (lower overhead; graph scopes also off).")
-@click.option("--measure-json", type=click.Path(dir_okay=False), default=None, hidden=True,
-              help="(memprof sweep) write what memprof.sweep.measure finds in the capture here.")
 def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat: str, output: str | None,
-          chrome: str | None, force: bool, max_events: int | None, scopes: str, no_kernel_scopes: bool,
-          measure_json: str | None) -> int:
+          chrome: str | None, force: bool, max_events: int | None, scopes: str, no_kernel_scopes: bool) -> int:
     """Run SCRIPT as `python SCRIPT ARGS` would, capturing every allocation.
 
     memprof's options may come before or after SCRIPT; other options go to the script,
     and everything after `--` goes to the script verbatim. Exits with the script's exit code.
     """
-    from memprof.capture import DEFAULT_MAX_EVENTS, capture
-    from memprof.outputs import check_outputs, resolve, shown
-    from memprof.reporters import render
-    from memprof.runner import SignalGuard, Terminated, check_script, interrupted, run_script
+    from memprof.outputs import check_outputs, resolve
+    from memprof.runner import check_script
 
     launch = Path.cwd()
     path = check_script(script)
     # resolved now: the script may chdir (or remove its directory) before the capture is written
     out = resolve(output or f"{path.stem}.memprof")
     chrome_path = resolve(chrome) if chrome else None
-    check_outputs({"-o": out, "--chrome": chrome_path,
-                   "--measure-json": resolve(measure_json) if measure_json else None},
-                  [("script", path)], force)
-
-    import torch._functorch.config as functorch_config
-
-    if budget is not None:
-        functorch_config.activation_memory_budget = budget
-    meta = {
-        "command": shlex.join(["python", str(path), *script_args]),
-        "argv": [str(path), *script_args],
-        "script": str(path.resolve()),
-        "budget": budget if budget is not None else functorch_config.activation_memory_budget,
-        "remat": remat,
-    }
-    cap = None
-    result = None
-    save_error: str | None = None
-    with SignalGuard() as signals:
-        try:
-            with _remat(remat), capture(max_events=max_events or DEFAULT_MAX_EVENTS, scopes=scopes,
-                                        kernels=not no_kernel_scopes, meta=meta,
-                                        knapsack_evaluator=measure_json is not None) as cap:
-                result = run_script(path, list(script_args), signals=signals)
-        except (KeyboardInterrupt, Terminated) as exc:  # a signal just before the script started
-            if cap is None:
-                raise
-            result = interrupted(exc)
-        finally:
-            signals.script_done()  # nothing interrupts stopping and saving the capture
-            if cap is not None and not cap.recording:
-                if result is not None:
-                    cap.meta.update(status=result.status, exit_code=result.exit_code, error=result.error)
-                else:
-                    cap.meta.update(status="memprof-error", exit_code=None)
-                save_error = _save(cap, out)
-                if result is None and save_error is None:
-                    click.echo(f"memprof: partial capture saved to {shown(out, launch)}", err=True)
-                if measure_json is not None:
-                    _write_measure(cap, resolve(measure_json))
-        assert cap is not None and result is not None
-        click.echo(render("text", cap), err=True)
-        if chrome_path is not None:
-            try:
-                write_text(chrome_path, render("chrome", cap))
-                click.echo(f"memprof: Chrome/Perfetto trace written to {shown(chrome_path, launch)} "
-                           "(open in ui.perfetto.dev)", err=True)
-            except OSError as exc:
-                click.echo(f"memprof: error: the Chrome trace could not be written to {chrome_path}: "
-                           f"{exc.strerror or exc}", err=True)
-        if save_error is None:
-            click.echo(f"memprof: capture saved to {shown(out, launch)} (memprof report {shown(out, launch)})",
-                       err=True)
-        else:
-            click.echo(f"memprof: error: {save_error}", err=True)
-        sys.stdout.flush()
-    if signals.received:  # signals that came while saving: the run ends as they asked, the file written
-        return 128 + signals.received[-1]
-    return result.exit_code
-
-
-def _save(cap: Any, out: Path) -> str | None:
-    """Save the capture; why it could not be written (one line), or None. No partial file is left."""
-    try:
-        cap.save(out)
-    except OSError as exc:
-        return f"the capture could not be written to {out}: {exc.strerror or exc}"
-    return None
+    check_outputs({"-o": out, "--chrome": chrome_path}, [("script", path)], force)
+    opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes)
+    _cap, code = traced(path, list(script_args), out, chrome_path, opts, launch)
+    return code

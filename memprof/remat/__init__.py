@@ -27,12 +27,12 @@ from typing import Any
 
 from memprof.remat.report import RematReport
 from memprof.remat.usesite import MODES
+from memprof.torch_hooks.partition import Transforming, source_hash, transforming
 
 __all__ = ["MODES", "RematReport", "active_mode", "enable", "partition_fn", "partitioner", "reports"]
 
 _lock = threading.RLock()
 _modes: list[str] = []
-_undo: list[Callable[[], None]] = []
 
 
 def _check(mode: str) -> str:
@@ -65,114 +65,61 @@ def _base(fn: Any) -> Callable[..., Any]:
     return min_cut_rematerialization_partition  # type: ignore[no-any-return]
 
 
+def _run(mode: str, base: Any, gm: Any, joint_inputs: Any, kwargs: dict[str, Any]) -> Any:
+    from memprof.remat import fx
+
+    return fx.partition(_base(base), gm, joint_inputs, mode, kwargs)
+
+
+class RematPartitionFn(Transforming):
+    """A `partition_fn` for `aot_autograd(...)`: `base` (default: min-cut) with memprof's pass."""
+
+    def __init__(self, mode: str, base: Callable[..., Any] | None = None) -> None:
+        self.mode = _check(mode)
+        self.base = base
+        self.__name__ = "memprof_remat_partition"
+
+    def __call__(self, joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+        return _run(self.mode, self.base, joint, joint_inputs, kwargs)
+
+
 def partition_fn(mode: str, base: Callable[..., Any] | None = None) -> Callable[..., Any]:
     """A `partition_fn` for `aot_autograd(...)`: `base` (default: min-cut) with memprof's pass."""
-    _check(mode)
-
-    def fn(joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
-        from memprof.remat import fx
-
-        return fx.partition(_base(base), joint, joint_inputs, mode, kwargs)
-
-    fn._memprof_remat = True  # type: ignore[attr-defined]
-    return fn
+    return RematPartitionFn(mode, base)
 
 
 @functools.cache
 def _partitioner_class() -> type:
     from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
-    class RematPartitioner(CustomPartitionerFn):  # type: ignore[misc]
+    class RematPartitioner(CustomPartitionerFn, Transforming):  # type: ignore[misc]
         """Inductor's `custom_partitioner_fn` running memprof's pass.
 
         Its `uuid()` names the mode and the pass's source, so Inductor's caches key on it: a stock
         compile and a pass compile never share an entry."""
 
-        _memprof_remat = True
-
-        def __init__(self, mode: str | None, inner: Any = None) -> None:
+        def __init__(self, mode: str) -> None:
             self.mode = mode
-            self.inner = inner
 
         def __call__(self, gm: Any, joint_inputs: Any, **kwargs: Any) -> Any:
-            mode = self.mode or active_mode()
-            inner = self.inner
-            if mode is None or getattr(inner, "_memprof_recorder", False) or getattr(inner, "_memprof_remat", False):
-                # off; or a capture's recorder is inside (it applies the pass and records the result);
-                # or the user's own memprof partitioner is inside (it runs the pass once, in its mode)
-                return _base(inner)(gm, joint_inputs, **kwargs)
-            from memprof.remat import fx
-
-            return fx.partition(_base(inner), gm, joint_inputs, mode, kwargs)
+            return _run(self.mode, None, gm, joint_inputs, kwargs)
 
         def __reduce__(self) -> tuple[Any, ...]:  # Inductor pickles its config for cache keys
-            return _make_partitioner, (self.mode, self.inner)
+            return _make_partitioner, (self.mode,)
 
         def uuid(self) -> str | None:
-            mode = self.mode or active_mode()
-            inner = self.inner
-            inner_id = None
-            if inner is not None:
-                inner_id = inner.uuid() if hasattr(inner, "uuid") else None
-                if inner_id is None:
-                    return None  # an uncacheable partitioner inside: no key at all
-            return _source_hash(f"{mode}|{inner_id}")
+            return source_hash(f"remat:{self.mode}|None")
 
     return RematPartitioner
 
 
-def _make_partitioner(mode: str | None, inner: Any = None) -> Any:
-    return _partitioner_class()(mode, inner)
-
-
-@functools.cache
-def _source_hash(salt: str) -> str:
-    """sha256 of `salt` and memprof's Python source (the pass's decisions depend on nothing else)."""
-    import hashlib
-    from pathlib import Path
-
-    h = hashlib.sha256(salt.encode())
-    package = Path(__file__).resolve().parent.parent
-    for path in sorted(package.rglob("*.py")):
-        h.update(str(path.relative_to(package)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
+def _make_partitioner(mode: str) -> Any:
+    return _partitioner_class()(mode)
 
 
 def partitioner(mode: str) -> Any:
     """A `torch._inductor.config.custom_partitioner_fn` that runs memprof's pass in `mode`."""
     return _partitioner_class()(_check(mode))
-
-
-def _patch(obj: Any, name: str, value: Any) -> None:
-    old = getattr(obj, name)
-    setattr(obj, name, value)
-    _undo.append(lambda: setattr(obj, name, old))
-
-
-def _install() -> None:
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-    from torch._dynamo.backends.common import AotAutograd
-    from torch._functorch.partitioners import default_partition
-
-    _patch(inductor_config, "custom_partitioner_fn", _partitioner_class()(None, inductor_config.custom_partitioner_fn))
-    # AOTAutograd's cache would return graphs partitioned before (no report); Inductor's FX graph and
-    # kernel caches key on the partitioned graphs and stay on
-    _patch(functorch_config, "enable_autograd_cache", False)
-    original_call = AotAutograd.__call__
-
-    def call(backend: Any, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
-        fn = backend.kwargs.get("partition_fn", default_partition)
-        module = getattr(getattr(fn, "func", fn), "__module__", "") or ""
-        mode = active_mode()
-        if (mode is None or module.startswith("torch._inductor") or getattr(fn, "_memprof_remat", False)
-                or getattr(fn, "_memprof", False)):
-            return original_call(backend, gm, example_inputs, **kwargs)
-        clone = AotAutograd(**{**backend.kwargs, "partition_fn": partition_fn(mode, fn)})
-        return original_call(clone, gm, example_inputs, **kwargs)
-
-    _patch(AotAutograd, "__call__", call)
 
 
 @contextlib.contextmanager
@@ -182,15 +129,15 @@ def enable(mode: str) -> Iterator[None]:
     The backward compiles lazily, at the first `.backward()`: keep the first training step inside.
     """
     _check(mode)
+
+    def transform(fn: Any, gm: Any, joint_inputs: Any, kwargs: dict[str, Any]) -> Any:
+        return _run(mode, fn, gm, joint_inputs, kwargs)
+
     with _lock:
-        if not _modes:
-            _install()
         _modes.append(mode)
     try:
-        yield
+        with transforming(f"remat:{mode}", transform):
+            yield
     finally:
         with _lock:
-            _modes.pop()
-            if not _modes:
-                while _undo:
-                    _undo.pop()()
+            _modes.remove(mode)

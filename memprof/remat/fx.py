@@ -14,12 +14,11 @@ import copy
 import operator
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from memprof.compile_hooks import is_random_node, op_name, size_hint
 from memprof.errors import one_line
-from memprof.plans import layer_of, module_path
+from memprof.plans import layer_of
 from memprof.remat.graph import (
     ATTENTION,
     HEAVY,
@@ -37,6 +36,17 @@ from memprof.remat.graph import (
 from memprof.remat.report import RematReport
 from memprof.remat.saves import Joint, choose_saves
 from memprof.remat.usesite import Program, rematerialize
+from memprof.torch_hooks.fx import (
+    is_random_node,
+    is_view,
+    mutates,
+    node_module_path,
+    numel,
+    op_name,
+    size_hint,
+    tensor_bytes,
+)
+from memprof.torch_hooks.partitioner import boykov_kolmogorov, saved_set_choice
 
 _HEAVY = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "convolution", "_convolution",
           "_scaled_mm", "matmul", "linear"}
@@ -47,41 +57,6 @@ _ATTENTION_WORDS = ("scaled_dot_product", "flash_attention", "efficient_attentio
 _COLLECTIVE_PREFIXES = ("_c10d_functional", "c10d", "_dtensor", "c10d_functional")
 _reports: list[RematReport] = []
 _reports_lock = threading.Lock()
-
-
-def _tensor_bytes(val: Any) -> int:
-    """Bytes of the tensors in a node's value; a symbolic size counts at its hint (the traced
-    example's value, read without adding a guard), a size without a hint counts nothing."""
-    import torch
-
-    vals = val if isinstance(val, (list, tuple)) else [val]
-    total = 0
-    for v in vals:
-        if isinstance(v, torch.Tensor):
-            try:
-                total += size_hint(v.numel() * v.element_size()) or 0
-            except Exception:
-                continue
-    return total
-
-
-def _numel(val: Any) -> int:
-    import torch
-
-    if isinstance(val, torch.Tensor):
-        try:
-            return size_hint(val.numel()) or 0
-        except Exception:
-            return 0
-    return 0
-
-
-def _is_view(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
-    if schema is None or not schema.returns:
-        return False
-    info = schema.returns[0].alias_info
-    return info is not None and not info.is_write
 
 
 # kernels whose Inductor lowering (`sdpa_constraint`) copies an attention bias dense unless it is a
@@ -97,19 +72,11 @@ def bias_bases(fx_nodes: list[Any], index: dict[Any, int]) -> list[int]:
         if n.op != "call_function" or op_name(n.target) not in _DENSE_BIAS_OPS or len(n.args) < 5:
             continue
         bias, through_view = n.args[4], False
-        while hasattr(bias, "target") and _is_view(bias.target) and bias.args:
+        while hasattr(bias, "target") and is_view(bias.target) and bias.args:
             bias, through_view = bias.args[0], True
         if through_view and bias in index:
             out.add(index[bias])
     return sorted(out)
-
-
-def _mutates(target: Any) -> bool:
-    schema = getattr(target, "_schema", None)
-    if schema is None:
-        return True
-    return bool(getattr(schema, "is_mutable", False)) or any(
-        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
 def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Node:
@@ -118,36 +85,32 @@ def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Nod
 
     inputs = tuple(index[i] for i in n.all_input_nodes if i in index)
     val = n.meta.get("val")
-    stack = n.meta.get("nn_module_stack") or n.meta.get("fwd_nn_module_stack") or {}
-    layer = ""
-    if stack:
-        last = list(stack.values())[-1]
-        layer = layer_of(module_path(str(last[0] if isinstance(last, tuple) else last)))
+    layer = layer_of(node_module_path(n))
     if n.op in ("placeholder", "get_attr"):
-        return Node(n.name, INPUT, (), _tensor_bytes(val), layer=layer)
+        return Node(n.name, INPUT, (), tensor_bytes(val), layer=layer)
     if n.op == "output":
         return Node(n.name, OUTPUT, inputs, clonable=False)
     target = n.target
     if target is operator.getitem:  # an output of a multi-output op: it owns its storage
-        return Node(n.name, ITEM, inputs, _tensor_bytes(val), -1, 0.0, True, False, layer)
+        return Node(n.name, ITEM, inputs, tensor_bytes(val), -1, 0.0, True, False, layer)
     name = op_name(target)
-    nbytes = _tensor_bytes(val)
+    nbytes = tensor_bytes(val)
     if isinstance(val, (list, tuple)):  # the outputs are counted at their getitems (unused ones: here)
         used = {u.args[1] for u in n.users if u.target is operator.getitem and len(u.args) > 1}
-        nbytes = sum(_tensor_bytes(v) for i, v in enumerate(val) if i not in used)
-    numel = float(_numel(val))
+        nbytes = sum(tensor_bytes(v) for i, v in enumerate(val) if i not in used)
+    n_elements = float(numel(val))
     is_op = isinstance(target, torch._ops.OpOverload)
-    functional = is_op and not _mutates(target)
+    functional = is_op and not mutates(target)
     tstr = str(target)
     forbidden = (not functional or "backward" in name or name.endswith("_")
                  or tstr.startswith(_COLLECTIVE_PREFIXES) or name.startswith(_COLLECTIVE_PREFIXES))
     if random(n):
-        return Node(n.name, RANDOM, inputs, nbytes, -1, numel, False, False, layer)
+        return Node(n.name, RANDOM, inputs, nbytes, -1, n_elements, False, False, layer)
     if forbidden:
-        return Node(n.name, OTHER, inputs, nbytes, -1, numel, False, False, layer)
+        return Node(n.name, OTHER, inputs, nbytes, -1, n_elements, False, False, layer)
     if any(w in name for w in _ATTENTION_WORDS):
-        return Node(n.name, ATTENTION, inputs, nbytes, -1, numel, False, False, layer)
-    if _is_view(target):
+        return Node(n.name, ATTENTION, inputs, nbytes, -1, n_elements, False, False, layer)
+    if is_view(target):
         base = next((i for i in n.all_input_nodes if i in index), None)
         return Node(n.name, VIEW, inputs, 0, index[base] if base is not None else -1, 0.0, True, False, layer)
     if name in _HEAVY:
@@ -159,12 +122,12 @@ def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Nod
                 k = size_hint(a.shape[-1]) or 1
             except Exception:
                 k = 1
-        return Node(n.name, HEAVY, inputs, nbytes, -1, 2.0 * numel * k, True, False, layer)
+        return Node(n.name, HEAVY, inputs, nbytes, -1, 2.0 * n_elements * k, True, False, layer)
     if torch.Tag.pointwise in getattr(target, "tags", ()):
-        return Node(n.name, POINTWISE, inputs, nbytes, -1, numel, True, False, layer)
+        return Node(n.name, POINTWISE, inputs, nbytes, -1, n_elements, True, False, layer)
     if name in _REDUCTIONS:
-        return Node(n.name, REDUCTION, inputs, nbytes, -1, numel, True, False, layer)
-    return Node(n.name, OTHER, inputs, nbytes, -1, numel, False, False, layer)
+        return Node(n.name, REDUCTION, inputs, nbytes, -1, n_elements, True, False, layer)
+    return Node(n.name, OTHER, inputs, nbytes, -1, n_elements, False, False, layer)
 
 
 def joint_model(joint_graph: Any, node_info: Any, num_fwd_outputs: int) -> tuple[Joint, list[Any]]:
@@ -214,28 +177,6 @@ def random_count(gm: Any) -> int:
 LADDER = (0.01, 0.02)
 
 
-@contextlib.contextmanager
-def _boykov_kolmogorov() -> Iterator[None]:
-    """The partitioner's min-cuts with networkx's Boykov-Kolmogorov max-flow, for the larger-budget
-    starting points only: ~1.7x faster than its default (preflow-push) on the paper Llama's joint
-    graph, same cut value; where minimum cuts tie it may return another one, which is still a
-    valid starting point (every candidate is judged by the estimate)."""
-    import networkx as nx  # type: ignore[import-untyped]
-    from networkx.algorithms.flow import boykov_kolmogorov  # type: ignore[import-untyped]
-
-    original = nx.minimum_cut
-
-    def minimum_cut(graph: Any, s: Any, t: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("flow_func", boykov_kolmogorov)
-        return original(graph, s, t, **kwargs)
-
-    nx.minimum_cut = minimum_cut
-    try:
-        yield
-    finally:
-        nx.minimum_cut = original
-
-
 class _SaveHook:
     """Replaces `choose_saved_values_set` for one partitioner call."""
 
@@ -249,52 +190,25 @@ class _SaveHook:
         self.seconds = 0.0  # spent deciding (inside the partitioner call)
 
     def __enter__(self) -> _SaveHook:
-        import torch._functorch.partitioners as P
-
-        self.module = P
-        self.original = P.choose_saved_values_set
-        self.original_min_cut = P.solve_min_cut
-        hook = self
-        memo: dict[tuple[int, str, frozenset[Any]], tuple[list[Any], Any]] = {}
-        runtimes: dict[Any, float] = {}
-        self.original_runtime = P.estimate_runtime
-
-        def estimate_runtime(node: Any) -> float:
-            # the knapsack at every budget prices the same candidates (a FLOP count under fake tensors)
-            if node not in runtimes:
-                runtimes[node] = hook.original_runtime(node)
-            return runtimes[node]
-
-        def solve_min_cut(joint_graph: Any, node_info: Any, options: Any, dont_ban: Any = None) -> Any:
-            # the knapsack at every budget starts from the same three cuts; only the last one differs
-            key = (id(joint_graph), repr(options), frozenset(dont_ban or ()))
-            if key not in memo:
-                memo[key] = hook.original_min_cut(joint_graph, node_info, options, dont_ban)
-            saved, banned = memo[key]
-            return list(saved), type(banned)(banned)
-
-        def choose(joint_graph: Any, node_info: Any, *args: Any, **kwargs: Any) -> Any:
-            stock = hook.original(joint_graph, node_info, *args, **kwargs)
-            hook.called = True
-            budget = float(kwargs.get("memory_budget", args[0] if args else 1.0))
-            t0 = time.perf_counter()
-            try:
-                return hook.decide(joint_graph, node_info, stock, budget)
-            except Exception as exc:
-                hook.report.notes.append(f"saved-set choice failed, stock set kept ({one_line(exc)})")
-                return stock
-            finally:
-                hook.seconds += time.perf_counter() - t0
-
-        P.choose_saved_values_set = choose
-        P.solve_min_cut = solve_min_cut  # type: ignore[assignment]
-        P.estimate_runtime = estimate_runtime
+        self._block = saved_set_choice(self._choose)
+        self._block.__enter__()
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.module.choose_saved_values_set = self.original
-        self.module.solve_min_cut = self.original_min_cut
-        self.module.estimate_runtime = self.original_runtime
+    def __exit__(self, *exc: Any) -> None:
+        self._block.__exit__(*exc)
+
+    def _choose(self, original: Callable[..., list[Any]], joint_graph: Any, node_info: Any, stock: list[Any],
+                budget: float) -> list[Any]:
+        self.original = original
+        self.called = True
+        t0 = time.perf_counter()
+        try:
+            return self.decide(joint_graph, node_info, stock, budget)
+        except Exception as exc:
+            self.report.notes.append(f"saved-set choice failed, stock set kept ({one_line(exc)})")
+            return stock
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def decide(self, joint_graph: Any, node_info: Any, stock: list[Any], budget: float = 1.0) -> list[Any]:
         t0 = time.perf_counter()
@@ -315,7 +229,7 @@ class _SaveHook:
             if time.perf_counter() - t_ladder > cap:
                 self.report.notes.append(f"larger-budget starting points stopped after {cap:.0f} s")
                 break
-            with _boykov_kolmogorov():
+            with boykov_kolmogorov():
                 cand = self.original(joint_graph, node_info, memory_budget=b)
             cand_idx = [index[n] for n in cand if n in index]
             if frozenset(cand_idx) in seen:

@@ -57,6 +57,38 @@ class Walk:
     last_use: dict[int, int] = field(default_factory=dict)  # storage root -> last position it is needed
 
 
+def _sinks(nodes: Sequence[Node], order: Sequence[int], present: set[int], keep: set[int]) -> dict[int, int]:
+    """Fused pointwise nodes allocate nothing; their uses happen at their consumer (the "sink")."""
+    users: dict[int, list[int]] = {}  # users inside the program
+    for j in order:
+        for k in nodes[j].inputs:
+            if k in present:
+                users.setdefault(k, []).append(j)
+    sink: dict[int, int] = {}
+    for j in reversed(order):
+        nd = nodes[j]
+        us = users.get(j)
+        if (nd.kind == POINTWISE and nd.nbytes > 0 and j not in keep and us is not None and len(us) == 1
+                and nodes[us[0]].kind in _FUSIBLE_CONSUMER):
+            u = us[0]
+            sink[j] = sink.get(u, u)
+    return sink
+
+
+def _last_uses(nodes: Sequence[Node], order: Sequence[int], present: set[int], pos: dict[int, int],
+               sink: dict[int, int], roots: dict[int, int]) -> dict[int, int]:
+    """Storage root -> the last position that reads it."""
+    last: dict[int, int] = {}
+    for j in order:
+        at = pos[sink.get(j, j)]
+        for k in nodes[j].inputs:
+            if k in present:
+                r = roots[k]
+                if last.get(r, -2) < at:
+                    last[r] = at
+    return last
+
+
 def walk(nodes: Sequence[Node], order: Sequence[int], start: Iterable[int] = (), keep: Iterable[int] = (),
          fuse: bool = True, detail: bool = True) -> Walk:
     """Estimate the peak of running `order` with `start` live at entry and `keep` live at exit.
@@ -71,22 +103,7 @@ def walk(nodes: Sequence[Node], order: Sequence[int], start: Iterable[int] = (),
     pos = {j: p for p, j in enumerate(order)}
     for j in start_set:
         pos.setdefault(j, -1)
-    # users inside the program
-    users: dict[int, list[int]] = {}
-    for j in order:
-        for k in nodes[j].inputs:
-            if k in present:
-                users.setdefault(k, []).append(j)
-    # fused pointwise nodes allocate nothing; their uses happen at their consumer ("sink")
-    sink: dict[int, int] = {}
-    if fuse:
-        for j in reversed(order):
-            nd = nodes[j]
-            us = users.get(j)
-            if (nd.kind == POINTWISE and nd.nbytes > 0 and j not in keep_set and us is not None and len(us) == 1
-                    and nodes[us[0]].kind in _FUSIBLE_CONSUMER):
-                u = us[0]
-                sink[j] = sink.get(u, u)
+    sink = _sinks(nodes, order, present, keep_set) if fuse else {}
 
     def root(j: int) -> int:
         a = nodes[j].alias
@@ -95,14 +112,7 @@ def walk(nodes: Sequence[Node], order: Sequence[int], start: Iterable[int] = (),
         return j
 
     roots = {j: root(j) for j in present}
-    last: dict[int, int] = {}
-    for j in order:
-        at = pos[sink.get(j, j)]
-        for k in nodes[j].inputs:
-            if k in present:
-                r = roots[k]
-                if last.get(r, -2) < at:
-                    last[r] = at
+    last = _last_uses(nodes, order, present, pos, sink, roots)
     for j in keep_set:
         if j in present:
             last[roots[j]] = n_steps

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from memprof.analysis.units import fmt_mb
+
 
 @dataclass
 class RematReport:
@@ -74,12 +76,12 @@ class RematReport:
             parts.append(f"{len(self.saved_added)} layer boundaries saved")
         if self.random_saved:
             parts.append(f"{len(self.random_saved)} random values saved instead of redrawn "
-                         f"({self.random_saved_bytes / 1e6:.1f} MB)")
+                         f"({fmt_mb(self.random_saved_bytes)} MB)")
         if self.masks_saved:
             parts.append(f"{len(self.masks_saved)} attention masks saved (kept broadcast)")
         parts.append(f"{self.usesite_edits} use-site edits")
         before, after = self.estimate_before, self.estimate_after
         if before and after is not None:
-            parts.append(f"estimated peak {before / 1e6:.1f} -> {after / 1e6:.1f} MB")
+            parts.append(f"estimated peak {fmt_mb(before)} -> {fmt_mb(after)} MB")
         parts.append(f"{self.seconds:.2f} s")
         return "; ".join([", ".join(parts), *self.notes])

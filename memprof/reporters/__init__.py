@@ -2,46 +2,24 @@
 
 Reporters never read files and analysis never prints: each reporter is a pure function
 `render(capture, **options) -> str` plus a name, a kind ("report" for `memprof report`,
-"export" for `memprof export --format`) and the file suffix its output takes.
+"export" for `memprof export --format`) and the file suffix its output takes
+(`memprof.reporters.registry`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from memprof.capture import Capture
 from memprof.errors import MemprofError
+from memprof.reporters.registry import REGISTRY, Reporter, register
 
-Render = Callable[..., str]
-
-
-@dataclass(frozen=True)
-class Reporter:
-    name: str
-    kind: str  # "report" or "export"
-    suffix: str
-    description: str
-    render: Render
-
-
-_REGISTRY: dict[str, Reporter] = {}
-
-
-def register(name: str, kind: str, suffix: str, description: str) -> Callable[[Render], Render]:
-    def wrap(fn: Render) -> Render:
-        if name in _REGISTRY:
-            raise ValueError(f"reporter {name!r} registered twice")
-        _REGISTRY[name] = Reporter(name, kind, suffix, description, fn)
-        return fn
-
-    return wrap
+__all__ = ["Reporter", "get", "register", "render", "reporters"]
 
 
 def reporters(kind: str | None = None) -> dict[str, Reporter]:
     _load_builtin()
-    return {n: r for n, r in _REGISTRY.items() if kind is None or r.kind == kind}
+    return {n: r for n, r in REGISTRY.items() if kind is None or r.kind == kind}
 
 
 def get(name: str, kind: str | None = None) -> Reporter:

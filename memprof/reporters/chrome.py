@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from memprof._events import Kind, device_name
-from memprof.attribution import CATEGORIES, Category, category_series
+from memprof.analysis.attribution import CATEGORIES, Category, category_series
+from memprof.analysis.scopes import Slice
+from memprof.analysis.units import fmt_bytes
 from memprof.capture import Capture
-from memprof.reporters import register
-from memprof.summary import fmt_bytes
-from memprof.timeline import Slice, scope_slices
+from memprof.reporters.registry import register
 
 DEFAULT_MAX_COUNTER_POINTS = 200_000
 
@@ -54,24 +55,13 @@ def _category(name: str) -> str:
     return "scope"
 
 
-def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS) -> dict[str, Any]:
-    raw = cap.raw
-    t0 = int(cap.meta.get("t_start_ns", int(raw["t_ns"].min()) if len(raw) else 0))
+Us = Callable[[Any], Any]  # steady-clock ns -> trace microseconds
 
-    def us(t: int | np.ndarray) -> Any:
-        return np.round((np.asarray(t, dtype=np.int64) - t0) / 1000.0, 3)
 
-    meta_events: list[dict[str, Any]] = [
-        {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "host threads (ops, kernels)"}},
-        {"ph": "M", "pid": 0, "name": "process_sort_index", "args": {"sort_index": 0}},
-    ]
-    for t in cap.threads:
-        label = t.get("name") or "thread"
-        meta_events.append({"ph": "M", "pid": 0, "tid": int(t["index"]), "name": "thread_name",
-                            "args": {"name": f"{label} (tid {t.get('tid')})"}})
+def _slice_events(cap: Capture, us: Us, t0: int) -> list[dict[str, Any]]:
+    """Every scope as a complete ("X") event on its thread, with the FX nodes of kernels."""
     events: list[dict[str, Any]] = []
-
-    slices = scope_slices(raw, int(cap.meta.get("t_stop_ns", t0)))
+    slices = cap.scopes.slices(cap.info.t_stop_ns or t0)
     kernel_nodes = _kernel_nodes(cap, slices)
     for i, sl in enumerate(slices):
         name = cap.scope_name(sl.scope)
@@ -86,46 +76,79 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
         if args:
             ev["args"] = args
         events.append(ev)
+    return events
 
-    steps = np.flatnonzero(raw["kind"] == Kind.STEP)
+
+def _counter(pid: int, name: str, ts: Any, values: dict[str, Any]) -> dict[str, Any]:
+    return {"ph": "C", "pid": pid, "name": name, "ts": max(ts, 0.0), "args": values}
+
+
+def _memory_counters(cap: Capture, pid: int, dev: str, us: Us, max_counter_points: int) -> list[dict[str, Any]]:
+    """Allocated bytes, bytes by category and reserved bytes on one device, downsampled."""
+    tl = cap.timeline(dev)
+    keep = downsample(tl.allocated, max_counter_points)
+    events = [_counter(pid, "allocated", 0.0, {"bytes": tl.baseline})]
+    for ts, v in zip(us(tl.t_ns[keep]).tolist(), tl.allocated[keep].tolist(), strict=True):
+        events.append(_counter(pid, "allocated", ts, {"bytes": v}))
+    series = category_series(tl, cap.labels(dev), keep)
+    present = [c for c in range(len(CATEGORIES)) if series[:, c].any() or c == Category.UNATTRIBUTED]
+    events.append(_counter(pid, "by category", 0.0,
+                           {CATEGORIES[c]: (tl.baseline if c == Category.UNATTRIBUTED else 0) for c in present}))
+    for ts, vals in zip(us(tl.t_ns[keep]).tolist(), series[:, present].tolist(), strict=True):
+        events.append(_counter(pid, "by category", ts, {CATEGORIES[c]: v for c, v in zip(present, vals, strict=True)}))
+    if tl.has_reserved:
+        events.append(_counter(pid, "reserved", 0.0, {"bytes": tl.reserved_baseline}))
+        rkeep = downsample(tl.reserved, max_counter_points)
+        for ts, v in zip(us(tl.reserved_t_ns[rkeep]).tolist(), tl.reserved[rkeep].tolist(), strict=True):
+            events.append(_counter(pid, "reserved", ts, {"bytes": v}))
+    return events
+
+
+def _instant(pid: int, name: str, cat: str, ts: float, args: dict[str, Any]) -> dict[str, Any]:
+    return {"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": name, "cat": cat, "ts": max(ts, 0.0), "args": args}
+
+
+def _device_marks(cap: Capture, pid: int, dev: str, us: Us) -> list[dict[str, Any]]:
+    """The peak and the step markers on one device's process."""
+    raw, tl = cap.raw, cap.timeline(dev)
+    events: list[dict[str, Any]] = []
+    if tl.peak_pos >= 0:
+        row = int(tl.rows[tl.peak_pos])
+        bound = "" if cap.exact else " (lower bound)"
+        events.append(_instant(pid, f"peak {fmt_bytes(tl.peak)}{bound}", "peak", float(us(tl.t_ns[tl.peak_pos])),
+                               {"bytes": tl.peak, "scope": cap.scope_name(int(raw["scope"][row])),
+                                "stack": " > ".join(cap.scope_stack_at_peak(dev))}))
+    for r in np.flatnonzero(raw["kind"] == Kind.STEP):
+        events.append(_instant(pid, f"step {int(raw['bytes'][r])}", "step", float(us(raw["t_ns"][r])),
+                               {"allocated": tl.allocated_before_row(int(r) + 1)}))
+    return events
+
+
+def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS) -> dict[str, Any]:
+    raw = cap.raw
+    t0 = cap.info.t_start_ns or (int(raw["t_ns"].min()) if len(raw) else 0)
+
+    def us(t: int | np.ndarray) -> Any:
+        return np.round((np.asarray(t, dtype=np.int64) - t0) / 1000.0, 3)
+
+    meta_events: list[dict[str, Any]] = [
+        {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "host threads (ops, kernels)"}},
+        {"ph": "M", "pid": 0, "name": "process_sort_index", "args": {"sort_index": 0}},
+    ]
+    for t in cap.threads:
+        label = t.get("name") or "thread"
+        meta_events.append({"ph": "M", "pid": 0, "tid": int(t["index"]), "name": "thread_name",
+                            "args": {"name": f"{label} (tid {t.get('tid')})"}})
+    events = _slice_events(cap, us, t0)
     for pid, dev in enumerate(cap.devices, start=1):
         meta_events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{dev} memory"}})
         meta_events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
-        tl = cap.timeline(dev)
-        keep = downsample(tl.allocated, max_counter_points)
-        events.append({"ph": "C", "pid": pid, "name": "allocated", "ts": 0.0, "args": {"bytes": tl.baseline}})
-        for ts, v in zip(us(tl.t_ns[keep]).tolist(), tl.allocated[keep].tolist(), strict=True):
-            events.append({"ph": "C", "pid": pid, "name": "allocated", "ts": max(ts, 0.0), "args": {"bytes": v}})
-        series = category_series(tl, cap.labels(dev), keep)
-        present = [c for c in range(len(CATEGORIES)) if series[:, c].any() or c == Category.UNATTRIBUTED]
-        events.append({"ph": "C", "pid": pid, "name": "by category", "ts": 0.0,
-                       "args": {CATEGORIES[c]: (tl.baseline if c == Category.UNATTRIBUTED else 0) for c in present}})
-        for ts, vals in zip(us(tl.t_ns[keep]).tolist(), series[:, present].tolist(), strict=True):
-            events.append({"ph": "C", "pid": pid, "name": "by category", "ts": max(ts, 0.0),
-                           "args": {CATEGORIES[c]: v for c, v in zip(present, vals, strict=True)}})
-        if tl.has_reserved:
-            events.append({"ph": "C", "pid": pid, "name": "reserved", "ts": 0.0,
-                           "args": {"bytes": tl.reserved_baseline}})
-            rkeep = downsample(tl.reserved, max_counter_points)
-            for ts, v in zip(us(tl.reserved_t_ns[rkeep]).tolist(), tl.reserved[rkeep].tolist(), strict=True):
-                events.append({"ph": "C", "pid": pid, "name": "reserved", "ts": max(ts, 0.0), "args": {"bytes": v}})
-        if tl.peak_pos >= 0:
-            row = int(tl.rows[tl.peak_pos])
-            bound = "" if cap.exact else " (lower bound)"
-            events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"peak {fmt_bytes(tl.peak)}{bound}",
-                           "cat": "peak", "ts": max(float(us(tl.t_ns[tl.peak_pos])), 0.0),
-                           "args": {"bytes": tl.peak, "scope": cap.scope_name(int(raw["scope"][row])),
-                                    "stack": " > ".join(cap.scope_stack_at_peak(dev))}})
-        for r in steps:
-            events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"step {int(raw['bytes'][r])}",
-                           "cat": "step", "ts": max(float(us(raw["t_ns"][r])), 0.0),
-                           "args": {"allocated": tl.allocated_before_row(int(r) + 1)}})
+        events += _memory_counters(cap, pid, dev, us, max_counter_points) + _device_marks(cap, pid, dev, us)
     for r in np.flatnonzero(raw["kind"] == Kind.OOM):
         dev = device_name(int(raw["device_type"][r]), int(raw["device_index"][r]))
         pid = cap.devices.index(dev) + 1 if dev in cap.devices else 0
-        events.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": "OUT OF MEMORY", "cat": "oom",
-                       "ts": max(float(us(raw["t_ns"][r])), 0.0), "args": {"requested": int(raw["bytes"][r])}})
-
+        events.append(_instant(pid, "OUT OF MEMORY", "oom", float(us(raw["t_ns"][r])),
+                               {"requested": int(raw["bytes"][r])}))
     # one global time order; slices that start together: the outer (longer) one first
     events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
     return {

@@ -6,15 +6,16 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, summarize
+from memprof.analysis.units import fmt_bytes
 from memprof.capture import Capture
 from memprof.errors import printable
-from memprof.reporters import register
-from memprof.summary import fmt_bytes, rng_warnings, summarize
+from memprof.reporters.registry import register
 
 
 @register("json", "report", ".json", "peak summary as JSON")
 def render_json(cap: Capture, top: int = 8) -> str:
-    return json.dumps(summarize(cap, top), indent=1)
+    return json.dumps(summarize(cap, top).to_json(), indent=1)
 
 
 @register("text", "report", ".txt", "peak summary as text")
@@ -22,100 +23,111 @@ def render_text(cap: Capture, top: int = 8) -> str:
     return printable(format_summary(summarize(cap, top)))
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    lines: list[str] = []
-    head = f"memprof: {s['events']:,} events over {s['duration_s']:.2f} s"
-    if s.get("command"):
-        head += f" · {s['command']}"
-    if s.get("budget") is not None:
-        head += f" · activation_memory_budget={s['budget']}"
-    lines.append(head)
-    for c in s.get("caveats", []):
-        lines.append(f"  {c}")
-    if s.get("status") not in (None, "completed", "exit"):
-        lines.append(f"  the script ended early ({s['status']}): {s.get('error') or ''}".rstrip(": "))
-    elif s.get("status") == "exit" and s.get("exit_code") not in (None, 0):
-        lines.append(f"  the script called sys.exit({s['exit_code']})")
-    exact = s.get("exact", True)
-    bound = "" if exact else "≥ "
-    lines.append(f"  {'device':<8} {'peak':>12} {'exact bytes' if exact else 'at least bytes':>15} {'at':>9} "
+def _head(s: Summary) -> list[str]:
+    head = f"memprof: {s.events:,} events over {s.duration_s:.2f} s"
+    if s.command:
+        head += f" · {s.command}"
+    if s.budget is not None:
+        head += f" · activation_memory_budget={s.budget}"
+    lines = [head, *(f"  {c}" for c in s.caveats)]
+    if s.status not in (None, "completed", "exit"):
+        lines.append(f"  the script ended early ({s.status}): {s.error or ''}".rstrip(": "))
+    elif s.status == "exit" and s.exit_code not in (None, 0):
+        lines.append(f"  the script called sys.exit({s.exit_code})")
+    lines.append(f"  {'device':<8} {'peak':>12} {'exact bytes' if s.exact else 'at least bytes':>15} {'at':>9} "
                  f"{'reserved peak':>14} {'live at peak':>13}")
-    for d in s["devices"]:
+    bound = "" if s.exact else "≥ "
+    for d in s.devices:
         lines.append(
-            f"  {d['device']:<8} {bound + fmt_bytes(d['peak_bytes']):>12} {d['peak_bytes']:>15,} "
-            f"{d['peak_t_s']:>8.3f}s {fmt_bytes(d['reserved_peak_bytes']):>14} {d['live_at_peak']:>13,}"
+            f"  {d.device:<8} {bound + fmt_bytes(d.peak_bytes):>12} {d.peak_bytes:>15,} "
+            f"{d.peak_t_s:>8.3f}s {fmt_bytes(d.reserved_peak_bytes):>14} {d.live_at_peak:>13,}"
         )
-    for d in s["devices"]:
-        if not d["largest"] and not d["steps"]:
-            continue
-        lines.append("")
-        if d.get("categories_at_peak"):
-            lines.append(f"{d['device']} peak {bound}{fmt_bytes(d['peak_bytes'])} by category:")
-            for c in d["categories_at_peak"]:
-                lines.append(f"  {fmt_bytes(c['bytes']):>10}  {c['share'] * 100:5.1f}%  {c['category']} "
-                             f"({c['count']:,} allocations)")
-        calls = d.get("graph_calls") or {}
-        if calls.get("total"):
-            kernel_level = sum(calls["kernel_level"].values())
-            text = f"  compiled-graph calls: {calls['total']}, joined to buffers and FX nodes: {calls['buffer_level']}"
-            if kernel_level:
-                why = "; ".join(f"{n}x {r}" for r, n in calls["kernel_level"].items())
-                text += f"; attributed at kernel level only: {kernel_level} ({why})"
-            lines.append(text)
-        lines.append(f"{d['device']} peak {bound}{fmt_bytes(d['peak_bytes'])}: largest live allocations")
-        for a in d["largest"]:
-            req = f" (requested {a['requested']:,} B)" if a["requested"] >= 0 and a["requested"] != a["bytes"] else ""
-            what = f"{a['node']} ({a['category']})" if a.get("node") else (a["scope"] or "(no scope)")
-            lines.append(f"  {fmt_bytes(a['bytes']):>10}  {what}{req}, allocated {a['age_ms']:.1f} ms before the peak")
-        if d["allocated_before_capture_bytes"]:
-            lines.append(f"  {fmt_bytes(d['allocated_before_capture_bytes']):>10}  allocated before the capture")
-        if d["scopes"]:
-            lines.append("  live bytes at the peak by allocating op/kernel:")
-            for sc in d["scopes"]:
-                lines.append(f"  {fmt_bytes(sc['bytes']):>10}  {sc['scope']} ({sc['count']} allocations)")
-        if d["stack_at_peak"]:
-            lines.append("  running at the peak: " + " > ".join(d["stack_at_peak"]))
-        complete = [st for st in d["steps"] if st["complete"]]
-        if complete:
-            peaks = [st["peak_bytes"] for st in complete]
-            lines.append(f"  {len(complete)} steps: peak per step {fmt_bytes(min(peaks))} .. {fmt_bytes(max(peaks))}"
-                         f" (step {complete[peaks.index(max(peaks))]['step']} highest)")
-        freed = d.get("gc_freed") or {}
-        if freed.get("count"):
-            in_steps = [st for st in complete if st.get("gc_freed_bytes")]
-            where = f", in {len(in_steps)} of {len(complete)} steps" if complete else ""
-            lines.append(f"  Python's cyclic garbage collector freed {freed['count']:,} allocations "
-                         f"({fmt_bytes(freed['bytes'])}{where}): tensors held in reference cycles, freed when a "
-                         "collection happens to run, so the peak can move with unrelated Python code; "
-                         "gc.disable() during steps and gc.collect() between them makes it repeatable")
-            for sc in freed.get("by_scope", [])[:3]:
-                lines.append(f"  {fmt_bytes(sc['bytes']):>10}  of them allocated in {sc['scope']} "
-                             f"({sc['count']} allocations)")
-        if d["inferred_sizes"]:
-            lines.append(f"  note: {d['inferred_sizes']} allocation sizes inferred from requested sizes "
-                         "(seen only by the CUDA tracker)")
-    if s.get("plans"):
-        lines.append("")
-        for p in s["plans"]:
-            lines.append(f"compile plan {p['index']} ({p['backend']}, budget {p['budget']:g}): "
-                         f"{p['saved']} saved values ({fmt_bytes(p['saved_bytes'])}"
-                         + (f" + {p['saved_symbolic']} of symbolic size" if p.get("saved_symbolic") else "") + "), "
-                         f"{p['recomputed']} recomputed nodes, "
-                         f"{p['random_ops']} random ops, {len(p['masks'])} dropout masks")
-            if p.get("remat"):
-                lines.append(f"  {p['remat']}")
-    for w in s.get("warnings", []):
-        lines.append(f"WARNING: {w}")
-    for o in s["ooms"]:
-        free = f", {fmt_bytes(o['free_bytes'])} free on the device" if o["free_bytes"] is not None else ""
-        lines.append(f"OUT OF MEMORY on {o['device']} at {o['t_s']:.3f}s: requested "
-                     f"{fmt_bytes(o['requested_bytes'])}{free} (in {o['scope'] or 'no scope'})")
-    if s["unfollowed_events"]:
-        lines.append(f"note: {s['unfollowed_events']:,} allocator events came from threads memprof does not "
+    return lines
+
+
+def _at_peak(d: DeviceSummary, bound: str) -> list[str]:
+    """Categories, graph-call joins, the largest allocations and scopes live at a device's peak."""
+    lines: list[str] = []
+    if d.categories_at_peak:
+        lines.append(f"{d.device} peak {bound}{fmt_bytes(d.peak_bytes)} by category:")
+        for c in d.categories_at_peak:
+            lines.append(f"  {fmt_bytes(c.bytes):>10}  {c.share * 100:5.1f}%  {c.category} ({c.count:,} allocations)")
+    calls = d.graph_calls
+    if calls.total:
+        kernel_level = sum(calls.kernel_level.values())
+        text = f"  compiled-graph calls: {calls.total}, joined to buffers and FX nodes: {calls.buffer_level}"
+        if kernel_level:
+            why = "; ".join(f"{n}x {r}" for r, n in calls.kernel_level.items())
+            text += f"; attributed at kernel level only: {kernel_level} ({why})"
+        lines.append(text)
+    lines.append(f"{d.device} peak {bound}{fmt_bytes(d.peak_bytes)}: largest live allocations")
+    for a in d.largest:
+        req = f" (requested {a.requested:,} B)" if a.requested >= 0 and a.requested != a.bytes else ""
+        what = f"{a.node} ({a.category})" if a.node else (a.scope or "(no scope)")
+        lines.append(f"  {fmt_bytes(a.bytes):>10}  {what}{req}, allocated {a.age_ms:.1f} ms before the peak")
+    if d.allocated_before_capture_bytes:
+        lines.append(f"  {fmt_bytes(d.allocated_before_capture_bytes):>10}  allocated before the capture")
+    if d.scopes:
+        lines.append("  live bytes at the peak by allocating op/kernel:")
+        lines.extend(f"  {fmt_bytes(sc.bytes):>10}  {sc.scope} ({sc.count} allocations)" for sc in d.scopes)
+    if d.stack_at_peak:
+        lines.append("  running at the peak: " + " > ".join(d.stack_at_peak))
+    return lines
+
+
+def _steps(d: DeviceSummary) -> list[str]:
+    """Per-step peaks, what the garbage collector freed, and inferred sizes."""
+    lines: list[str] = []
+    complete = [st for st in d.steps if st.complete]
+    if complete:
+        peaks = [st.peak_bytes for st in complete]
+        lines.append(f"  {len(complete)} steps: peak per step {fmt_bytes(min(peaks))} .. {fmt_bytes(max(peaks))}"
+                     f" (step {complete[peaks.index(max(peaks))].step} highest)")
+    freed = d.gc_freed
+    if freed.count:
+        in_steps = [st for st in complete if st.gc_freed_bytes]
+        where = f", in {len(in_steps)} of {len(complete)} steps" if complete else ""
+        lines.append(f"  Python's cyclic garbage collector freed {freed.count:,} allocations "
+                     f"({fmt_bytes(freed.bytes)}{where}): tensors held in reference cycles, freed when a "
+                     "collection happens to run, so the peak can move with unrelated Python code; "
+                     "gc.disable() during steps and gc.collect() between them makes it repeatable")
+        lines.extend(f"  {fmt_bytes(sc.bytes):>10}  of them allocated in {sc.scope} ({sc.count} allocations)"
+                     for sc in freed.by_scope[:3])
+    if d.inferred_sizes:
+        lines.append(f"  note: {d.inferred_sizes} allocation sizes inferred from requested sizes "
+                     "(seen only by the CUDA tracker)")
+    return lines
+
+
+def _tail(s: Summary) -> list[str]:
+    """Compile plans, warnings, OOMs and notes."""
+    lines: list[str] = [""] if s.plans else []
+    for p in s.plans:
+        lines.append(f"compile plan {p.index} ({p.backend}, budget {p.budget:g}): "
+                     f"{p.saved} saved values ({fmt_bytes(p.saved_bytes)}"
+                     + (f" + {p.saved_symbolic} of symbolic size" if p.saved_symbolic else "") + "), "
+                     f"{p.recomputed} recomputed nodes, {p.random_ops} random ops, {len(p.masks)} dropout masks")
+        if p.remat:
+            lines.append(f"  {p.remat}")
+    lines.extend(f"WARNING: {w}" for w in s.warnings)
+    for o in s.ooms:
+        free = f", {fmt_bytes(o.free_bytes)} free on the device" if o.free_bytes is not None else ""
+        lines.append(f"OUT OF MEMORY on {o.device} at {o.t_s:.3f}s: requested "
+                     f"{fmt_bytes(o.requested_bytes)}{free} (in {o.scope or 'no scope'})")
+    if s.unfollowed_events:
+        lines.append(f"note: {s.unfollowed_events:,} allocator events came from threads memprof does not "
                      "follow (seen by the CUDA tracker only)")
-    for n in s["notes"]:
-        lines.append(f"note: {n}")
-    return "\n".join(lines)
+    lines.extend(f"note: {n}" for n in s.notes)
+    return lines
+
+
+def format_summary(s: Summary) -> str:
+    lines = _head(s)
+    bound = "" if s.exact else "≥ "
+    for d in s.devices:
+        if d.largest or d.steps:
+            lines += ["", *_at_peak(d, bound), *_steps(d)]
+    return "\n".join(lines + _tail(s))
 
 
 def _table(cap: Capture, by: str, at: str, device: str | None) -> tuple[list[Any], str, bool]:

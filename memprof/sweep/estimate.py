@@ -24,29 +24,18 @@ activation of a forward (shared/notes/torch-internals.md §4); this walk keeps t
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from memprof.plans import FxGraph, FxNode, Plan
-from memprof.wrapper_code import (
-    _ALIAS,
-    _ARGS,
-    _COPY,
-    _NAME,
-    _RETURN,
-    _SOURCE,
-    _call_body,
-    _nbytes,
-    _split_top,
-    match_empty_strided,
+from memprof.analysis.sizes import static_bytes
+from memprof.analysis.units import CUDA_BLOCK, round_up
+from memprof.analysis.wrapper_code import (
+    Line,
+    lex,
 )
+from memprof.plans import FxGraph, FxNode, Plan
 
-# beyond the parser's patterns: sizes of torch.empty_strided, fresh extern outputs, every del, a name
-_FRESH = re.compile(rf"^({_NAME}) = (?:torch\.ops\.aten|aten|extern_kernels|torch\.ops\.\w+)\.(\w+)(?:\.(\w+))?\(")
-_DEL = re.compile(rf"\bdel ({_NAME}(?:\s*,\s*{_NAME})*)")
-_REF = re.compile(rf"({_NAME})")
-_BLOCK = 512
+_BLOCK = CUDA_BLOCK
 
 
 @dataclass(frozen=True)
@@ -63,8 +52,132 @@ class GraphWalk:
     returned: frozenset[str] = frozenset()
 
 
-def _round(n: int, block: int) -> int:
-    return ((n + block - 1) // block) * block if block > 1 and n > 0 else n
+class _Walk:
+    """The state of one wrapper walk: which storage each live name refers to, and the live bytes."""
+
+    def __init__(self, graph: FxGraph | None, inputs: Mapping[str, tuple[int, int]], block: int, explain: bool,
+                 scratch: Mapping[str, int] | None) -> None:
+        self.by_name = graph.by_name if graph is not None else {}
+        self.by_source: dict[str, list[FxNode]] = {}  # the comment names Dynamo's nodes; FX nodes keep them as `source`
+        for node in graph.nodes if graph is not None else ():
+            if node.source:
+                self.by_source.setdefault(node.source, []).append(node)
+        self.inputs, self.block, self.explain, self.scratch = inputs, block, explain, scratch
+        self.names: dict[str, int] = {}  # live name -> storage id
+        self.refs: dict[int, int] = {}  # storage id -> names referring to it
+        self.sizes: dict[int, int] = {}
+        self.owned: set[int] = set()
+        self.next_id = 1
+        self.unknown: list[str] = []
+        self.outputs: tuple[int | None, ...] = ()
+        self.pending: tuple[str, ...] = ()
+        # explain: storage id -> (the name that made it, what made it); every allocation and free in
+        # order, and how many of them happened when the peak was reached (replayed at the end)
+        self.made: dict[int, tuple[str, str]] = {}
+        self.events: list[tuple[int, bool]] = []
+        self.peak_at = 0
+        self.peak_extra: tuple[str, str, int] | None = None  # (maker, description, bytes) of a scratch at the peak
+        for name, (sid, _size) in inputs.items():
+            self.made.setdefault(sid, (f"input {name}", f"input {name}"))
+        self.live = 0
+        for sid, nbytes in {v[0]: v[1] for v in inputs.values()}.items():
+            self.sizes[sid] = nbytes
+            self.owned.add(sid)
+            self.refs[sid] = 0
+            self.live += nbytes
+        self.peak = self.live
+
+    def bind(self, name: str, sid: int) -> None:
+        if name in self.names:
+            self.unbind(name)
+        self.names[name] = sid
+        self.refs[sid] = self.refs.get(sid, 0) + 1
+
+    def unbind(self, name: str) -> None:
+        sid = self.names.pop(name, None)
+        if sid is None:
+            return
+        self.refs[sid] -= 1
+        if self.refs[sid] == 0 and sid in self.owned:
+            self.live -= self.sizes.get(sid, 0)
+            self.owned.discard(sid)
+            if self.explain:
+                self.events.append((sid, False))
+
+    def new(self, name: str, nbytes: int, what: str) -> None:
+        sid = self.next_id
+        self.next_id += 1
+        self.sizes[sid] = round_up(nbytes, self.block)
+        self.owned.add(sid)
+        self.live += self.sizes[sid]
+        if self.explain:
+            self.made[sid] = (name, f"{name} ({what}; {', '.join(self.pending)})")
+            self.events.append((sid, True))
+            if self.live > self.peak:
+                self.peak_at, self.peak_extra = len(self.events), None
+        self.peak = max(self.peak, self.live)
+        self.bind(name, sid)
+
+    def fresh(self, ln: Line) -> None:
+        """An extern op's fresh output: sized from the FX node the source comment names."""
+        size: int | None = None
+        fx: FxNode | None = None
+        for src in reversed(self.pending):
+            candidates = [self.by_name[src]] if src in self.by_name else []
+            candidates += self.by_source.get(src, [])
+            match = [n for n in candidates if ln.op in n.target and n.bytes is not None]
+            if match:
+                fx = match[-1]
+                size = int(fx.bytes or 0)
+                break
+        if size is None:
+            size = 0
+            self.unknown.append(f"{ln.name} = {ln.op}")
+        self.new(ln.name, size, ln.op)
+        extra = round_up(self.scratch.get(fx.name, 0), self.block) if self.scratch and fx is not None else 0
+        if self.live + extra > self.peak:
+            self.peak = self.live + extra
+            if self.explain and fx is not None:
+                self.peak_at = len(self.events)
+                self.peak_extra = (f"scratch {fx.name}", f"scratch of {ln.op} ({fx.name})", extra)
+
+    def line(self, ln: Line) -> None:
+        k = ln.kind
+        if k == "source":
+            self.pending = ln.names
+        elif k == "args":
+            for name in ln.names:
+                if name in self.inputs:
+                    self.bind(name, self.inputs[name][0])
+        elif k == "alloc" and ln.alloc is not None:  # empty_strided_<device> or torch.empty_strided
+            a = ln.alloc
+            self.new(a.name, static_bytes(a.shape, a.stride, a.dtype) or 0, "empty_strided")
+        elif k in ("alias", "copy"):
+            if ln.target in self.names:
+                self.bind(ln.name, self.names[ln.target])
+        elif k == "extern":
+            self.fresh(ln)
+        elif k == "return":
+            self.outputs = tuple(self.names.get(r) if r is not None else None for r in ln.returns)
+        for name in ln.dels:
+            self.unbind(name)
+
+    def result(self) -> GraphWalk:
+        if not self.explain:
+            return GraphWalk(self.peak, self.live, self.outputs, self.sizes, tuple(self.unknown))
+        at_peak = {s for s in self.sizes if s < 0}  # the inputs, live at the start
+        for sid, alive in self.events[:self.peak_at]:
+            if alive:
+                at_peak.add(sid)
+            else:
+                at_peak.discard(sid)
+        rows = [(*self.made.get(s, ("?", "?")), self.sizes[s]) for s in at_peak]
+        if self.peak_extra is not None:
+            rows.append(self.peak_extra)
+        rows.sort(key=lambda r: -r[2])
+        returned = frozenset(self.made[s][0] for s in self.outputs if s is not None and s in self.made)
+        return GraphWalk(self.peak, self.live, self.outputs, self.sizes, tuple(self.unknown),
+                         tuple((r[1], r[2]) for r in rows), tuple((r[0], r[2]) for r in rows), returned)
 
 
 def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[int, int]] | None = None,
@@ -74,135 +187,10 @@ def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[
     `explain`: also say what is live at the peak (each storage by the line that made it).
     `scratch`: FX node name -> bytes a fallback kernel allocates above its outputs while it runs
     (`memprof.sweep.probe`); its call peaks that much above the live bytes with its outputs."""
-    by_name = graph.by_name if graph is not None else {}
-    by_source: dict[str, list[FxNode]] = {}  # the comment names Dynamo's nodes; FX nodes keep them as `source`
-    for node in graph.nodes if graph is not None else ():
-        if node.source:
-            by_source.setdefault(node.source, []).append(node)
-    names: dict[str, int] = {}  # live name -> storage id
-    refs: dict[int, int] = {}  # storage id -> names referring to it
-    sizes: dict[int, int] = {}
-    owned: set[int] = set()
-    live = 0
-    peak = 0
-    next_id = 1
-    unknown: list[str] = []
-    outputs: tuple[int | None, ...] = ()
-    pending: list[str] = []
-    # explain: storage id -> (the name that made it, what made it); every allocation and free in
-    # order, and how many of them happened when the peak was reached (replayed at the end)
-    made: dict[int, tuple[str, str]] = {}
-    events: list[tuple[int, bool]] = []
-    peak_at = 0
-    peak_extra: tuple[str, str, int] | None = None  # (maker, description, bytes) of a scratch at the peak
-    inputs = inputs or {}
-    for name, (sid, _size) in inputs.items():
-        made.setdefault(sid, (f"input {name}", f"input {name}"))
-    for sid, nbytes in {v[0]: v[1] for v in inputs.values()}.items():
-        sizes[sid] = nbytes
-        owned.add(sid)
-        refs[sid] = 0
-        live += nbytes
-    peak = live
-
-    def bind(name: str, sid: int) -> None:
-        if name in names:
-            unbind(name)
-        names[name] = sid
-        refs[sid] = refs.get(sid, 0) + 1
-
-    def unbind(name: str) -> None:
-        nonlocal live
-        sid = names.pop(name, None)
-        if sid is None:
-            return
-        refs[sid] -= 1
-        if refs[sid] == 0 and sid in owned:
-            live -= sizes.get(sid, 0)
-            owned.discard(sid)
-            if explain:
-                events.append((sid, False))
-
-    def new(name: str, nbytes: int, what: str) -> None:
-        nonlocal live, peak, next_id, peak_at, peak_extra
-        sid = next_id
-        next_id += 1
-        sizes[sid] = _round(nbytes, block)
-        owned.add(sid)
-        live += sizes[sid]
-        if explain:
-            made[sid] = (name, f"{name} ({what}; {', '.join(pending)})")
-            events.append((sid, True))
-            if live > peak:
-                peak_at, peak_extra = len(events), None
-        peak = max(peak, live)
-        bind(name, sid)
-
-    for _line, text in _call_body(source):
-        if text.startswith("#"):
-            m = _SOURCE.match(text)
-            if m:
-                pending = [s.strip() for s in m.group(1).split(",") if s.strip()]
-            continue
-        m = _ARGS.match(text)
-        if m:
-            for name in (s.strip() for s in m.group(1).split(",")):
-                if name in inputs:
-                    bind(name, inputs[name][0])
-            continue
-        stmt = text.split(";")[0].strip()
-        if alloc := match_empty_strided(stmt):  # empty_strided_<device> or torch.empty_strided
-            new(alloc.name, _nbytes(alloc.shape, alloc.stride, alloc.dtype) or 0, "empty_strided")
-        elif (m := _ALIAS.match(stmt)) or (m := _COPY.match(stmt)):
-            if m.group(2) in names:
-                bind(m.group(1), names[m.group(2)])
-        elif m := _FRESH.match(stmt):
-            op = m.group(2)
-            size = None
-            fx: FxNode | None = None
-            for src in reversed(pending):
-                candidates = [by_name[src]] if src in by_name else []
-                candidates += by_source.get(src, [])
-                match = [n for n in candidates if op in n.target and n.bytes is not None]
-                if match:
-                    fx = match[-1]
-                    size = int(fx.bytes or 0)
-                    break
-            if size is None:
-                size = 0
-                unknown.append(f"{m.group(1)} = {op}")
-            new(m.group(1), size, op)
-            extra = _round(scratch.get(fx.name, 0), block) if scratch and fx is not None else 0
-            if live + extra > peak:
-                peak = live + extra
-                if explain and fx is not None:
-                    peak_at, peak_extra = len(events), (f"scratch {fx.name}", f"scratch of {op} ({fx.name})", extra)
-        else:
-            m = _RETURN.match(stmt)
-            if m:
-                outs: list[int | None] = []
-                for item in _split_top(m.group(1)):
-                    ref = _REF.match(item.replace("reinterpret_tensor(", "").strip())
-                    outs.append(names.get(ref.group(1)) if ref and item != "None" else None)
-                outputs = tuple(outs)
-        for dm in _DEL.finditer(text):
-            for name in dm.group(1).split(","):
-                unbind(name.strip())
-    if not explain:
-        return GraphWalk(peak, live, outputs, sizes, tuple(unknown))
-    at_peak = {s for s in sizes if s < 0}  # the inputs, live at the start
-    for sid, alive in events[:peak_at]:
-        if alive:
-            at_peak.add(sid)
-        else:
-            at_peak.discard(sid)
-    rows = [(*made.get(s, ("?", "?")), sizes[s]) for s in at_peak]
-    if peak_extra is not None:
-        rows.append(peak_extra)
-    rows.sort(key=lambda r: -r[2])
-    returned = frozenset(made[s][0] for s in outputs if s is not None and s in made)
-    return GraphWalk(peak, live, outputs, sizes, tuple(unknown), tuple((r[1], r[2]) for r in rows),
-                     tuple((r[0], r[2]) for r in rows), returned)
+    walk = _Walk(graph, inputs or {}, block, explain, scratch)
+    for ln in lex(source):
+        walk.line(ln)
+    return walk.result()
 
 
 @dataclass(frozen=True)
@@ -231,7 +219,7 @@ def _backward_inputs(plan: Plan, fw: GraphWalk, block: int) -> dict[str, tuple[i
     tangent_id = -(10 ** 9)
     for node in plan.backward.nodes:
         if node.op == "placeholder" and node.name.startswith("tangents") and node.bytes:
-            inputs[node.name] = (tangent_id, _round(int(node.bytes), block))
+            inputs[node.name] = (tangent_id, round_up(int(node.bytes), block))
             tangent_id -= 1
     return inputs
 
@@ -301,7 +289,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
 
 
 def peak_breakdown(plan: Plan, walk: GraphWalk, role: str, origins: Mapping[str, Sequence[str]]) -> dict[str, int]:
-    """What is live at a walk's peak (`walk_wrapper(..., explain=True)`), by memprof.attribution's
+    """What is live at a walk's peak (`walk_wrapper(..., explain=True)`), by memprof.analysis.attribution's
     categories, the step's own allocations only: the forward's saved activations and dropout masks
     held into the backward, recomputed values (a backward buffer whose primary FX origin is a
     recomputed forward node), the gradients the backward returns, fallback kernels' scratch

@@ -13,17 +13,17 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
 
 from memprof._events import Kind
+from memprof.analysis.timeline import freed_bytes, window_peak
 from memprof.capture import Capture
 from memprof.errors import one_line
 from memprof.plans import CompiledGraph, FxNode, Plan
 from memprof.sweep.estimate import CaptureEstimate
-from memprof.timeline import freed_bytes, window_peak
 
 KNAPSACK = "knapsack evaluator"  # the in-tree KnapsackEvaluator's peak, in normalized units (ranking only)
 
@@ -121,10 +121,11 @@ def merge_facts(facts: Sequence[PlanFacts]) -> PlanFacts | None:
 
 @dataclass
 class Measured:
-    """One budget's capture, reduced to what the sweep compares."""
+    """One budget, reduced to what the sweep compares: measured from its capture, or (`memprof sweep
+    --predict`) predicted at compile time, with no step run (`at_peak_source` "estimate")."""
 
     device: str
-    peak: int  # the device's peak over the whole capture (bytes)
+    peak: int | None  # the device's peak over the whole capture (bytes); None when predicted
     step_peak: int | None  # median over measured steps of (peak in the step - allocated at its start)
     step_peaks: list[int]
     step_ms: float | None  # median wall time of the measured steps
@@ -147,9 +148,46 @@ class Measured:
     # the most Python's cyclic garbage collector freed in one measured step (tensors in reference
     # cycles: the peak depends on when collections run)
     gc_freed: int = 0
+    at_peak_source: str = "capture"  # what at_peak and peak_phase describe: "capture" or "estimate"
+    # predicted: compile seconds this budget alone would take, its own partition and compile, and
+    # the part its process shared with the other budgets (script, Dynamo, joint graph)
+    compile_s: float | None = None
+    own_compile_s: float | None = None
+    shared_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Measured:
+        known = {k: v for k, v in d.items() if k in _MEASURED_FIELDS}
+        facts = known.get("facts")
+        known["facts"] = PlanFacts(**facts) if isinstance(facts, dict) else None
+        return Measured(**known)
+
+
+@dataclass
+class ChildResult:
+    """What one sweep child process reports for one budget (the JSON file it writes)."""
+
+    budget: float
+    remat: str
+    status: str  # completed | exit | exception | oom | interrupted | stopped | memprof-error
+    exit_code: int | None
+    error: str | None
+    measured: Measured | None
+    measure_error: str | None = None  # why the child could not measure its capture (the parent then does)
+    details: dict[str, Any] = field(default_factory=dict)  # predict: the group, kernels compiled, ...
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> ChildResult:
+        m = d.get("measured")
+        return ChildResult(float(d["budget"]), str(d.get("remat", "off")), str(d["status"]), d.get("exit_code"),
+                           d.get("error"), Measured.from_json(m) if isinstance(m, dict) else None,
+                           d.get("measure_error"), dict(d.get("details") or {}))
 
 
 def _windows(cap: Capture, device: str) -> tuple[list[tuple[int, int, int, int]], str]:
@@ -158,7 +196,7 @@ def _windows(cap: Capture, device: str) -> tuple[list[tuple[int, int, int, int]]
     steps = cap.steps(device, tail=True)  # the events after the last step are a window too
     if len(steps) >= 2:
         return [(s.start_row, s.end_row, s.t_start_ns, s.t_end_ns) for s in steps], "markers"
-    t_stop = int(cap.meta.get("t_stop_ns", int(raw["t_ns"][-1]) if len(raw) else 0))
+    t_stop = cap.info.t_stop_ns or (int(raw["t_ns"][-1]) if len(raw) else 0)
     forward = {g.scope_name for g in cap.graphs if g.role in ("forward", "inference")}
     begins = np.flatnonzero(raw["kind"] == Kind.SCOPE_BEGIN)
     names = {int(s): cap.scope_name(int(s)) for s in np.unique(raw["scope"][begins]).tolist()}
@@ -179,8 +217,7 @@ def _windows(cap: Capture, device: str) -> tuple[list[tuple[int, int, int, int]]
             ends = [*rows[1:], len(raw)]
             return [(a, b, int(raw["t_ns"][a]), int(raw["t_ns"][b]) if b < len(raw) else t_stop)
                     for a, b in zip(rows, ends, strict=True)], what
-    t0 = int(cap.meta.get("t_start_ns", 0))
-    return [(0, len(raw), t0, t_stop)], "whole capture"
+    return [(0, len(raw), cap.info.t_start_ns, t_stop)], "whole capture"
 
 
 def _phase(cap: Capture, stack: Sequence[str]) -> str:
@@ -219,16 +256,13 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         pos = pp[ex.index(step_peak)] if step_peak in ex else pp[0]
         if attribution:
             try:
-                from memprof.attribution import rows_at
+                from memprof.analysis.attribution import rows_at
 
                 at_peak = {r.key: int(r.bytes) for r in rows_at(tl, cap.labels(device), pos, "category") if r.bytes}
             except Exception as exc:  # attribution is a diagnosis aid; the peaks stand without it
                 notes.append(f"attribution unavailable ({one_line(exc)})")
-        from memprof.timeline import scope_stack_at
-
-        row = int(tl.rows[pos])
-        main = cap.meta.get("main_thread")
-        phase = _phase(cap, [cap.scope_name(s) for s in scope_stack_at(cap.raw, row, main)])
+        stack = cap.scopes.stack_at(int(tl.rows[pos]), cap.info.main_thread)
+        phase = _phase(cap, [cap.scope_name(s) for s in stack])
     found, walk = estimates(cap.plans, cap.graphs, device)
     return Measured(
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
@@ -276,3 +310,6 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
         if per_plan and len(per_plan) == len(plans):
             out[key] = max(max(v) for v in per_plan.values())
     return out, walk
+
+
+_MEASURED_FIELDS = {f.name for f in fields(Measured)}

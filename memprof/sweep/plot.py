@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from memprof.analysis.units import MB
 from memprof.sweep.detect import worst_per_budget
-from memprof.sweep.result import MB, Sweep, run_estimate
+from memprof.sweep.result import Sweep, run_estimate
 
 
 def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
@@ -27,7 +28,7 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
             ax_mem.plot([b for b, e in est if e is not None], [e / MB for _b, e in est if e is not None],
                         linestyle="--", color=line.get_color(), alpha=0.7, label=f"{label}: memprof estimate")
         time_key = "step_ms" if sweep.mode == "measure" else "compile_s"
-        times = [(r.budget, (r.measured or {}).get(time_key)) for r in runs]
+        times = [(r.budget, getattr(r.measured, time_key) if r.measured else None) for r in runs]
         ax_time.plot([b for b, t in times if t is not None], [t for _b, t in times if t is not None], marker="o",
                      color=line.get_color(), label=label)
         flags = worst_per_budget(sweep.flags(v))

@@ -8,12 +8,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memprof.analysis.units import MB, fmt_mb
 from memprof.errors import MemprofError
 from memprof.sweep.detect import ABS_TOL, REL_TOL, Flag, non_monotone, spearman, worst_per_budget
-from memprof.sweep.measure import KNAPSACK, OP_CLASSES, PlanFacts
+from memprof.sweep.measure import KNAPSACK, OP_CLASSES, Measured, PlanFacts
 
 FORMAT = 1
-MB = 1e6
 
 
 @dataclass
@@ -28,7 +28,7 @@ class Run:
     capture: str | None  # file name inside the sweep directory
     log: str
     wall_s: float
-    measured: dict[str, Any] | None = None  # memprof.sweep.measure.Measured.to_json()
+    measured: Measured | None = None
 
     @property
     def ok(self) -> bool:
@@ -36,17 +36,21 @@ class Run:
 
     @property
     def step_peak(self) -> int | None:
-        return None if not self.ok or self.measured is None else self.measured.get("step_peak")
+        return None if not self.ok or self.measured is None else self.measured.step_peak
 
     @property
     def facts(self) -> PlanFacts | None:
-        f = (self.measured or {}).get("facts")
-        return PlanFacts(**f) if f else None
+        return self.measured.facts if self.measured is not None else None
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Run:
+        m = d.get("measured")
+        return Run(**{**d, "measured": Measured.from_json(m) if isinstance(m, dict) else None})
 
 
 def run_estimate(run: Run | None, name: str) -> float | None:
     """One estimator's predicted step peak for a run (bytes; KnapsackEvaluator: normalized units)."""
-    return None if run is None or run.measured is None else (run.measured.get("estimates") or {}).get(name)
+    return None if run is None or run.measured is None else run.measured.estimates.get(name)
 
 
 def run_value(run: Run, mode: str) -> int | None:
@@ -112,7 +116,7 @@ class Sweep:
         median and largest relative error, over the budgets where both exist."""
         out: dict[str, dict[str, float | int | None]] = {}
         runs = [r for r in self.runs_of(variant) if r.step_peak] if self.mode == "measure" else []
-        names = sorted({k for r in runs for k in ((r.measured or {}).get("estimates") or {})})
+        names = sorted({k for r in runs if r.measured is not None for k in r.measured.estimates})
         for name in names:
             pairs = [(float(e), float(r.step_peak)) for r in runs
                      if r.step_peak and (e := run_estimate(r, name)) is not None]
@@ -124,7 +128,7 @@ class Sweep:
 
     def never_compiled(self) -> bool:
         done = [r for r in self.runs if r.ok]
-        return bool(done) and not any((r.measured or {}).get("compiled") for r in done)
+        return bool(done) and not any(r.measured is not None and r.measured.compiled for r in done)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -161,13 +165,8 @@ def load_sweep(path: str | Path) -> Sweep:
         raise MemprofError(f"{p}: unknown sweep format (this memprof reads format {FORMAT})")
     noise = dict(d.get("noise", {})) or {"abs_bytes": ABS_TOL, "rel": REL_TOL}
     return Sweep(command=list(d["command"]), budgets=[float(b) for b in d["budgets"]], variants=list(d["variants"]),
-                 runs=[Run(**r) for r in d["runs"]], noise=noise, notes=list(d.get("notes", [])),
+                 runs=[Run.from_json(r) for r in d["runs"]], noise=noise, notes=list(d.get("notes", [])),
                  mode=str(d.get("mode", "measure")))
-
-
-def fmt_mb(n: float | None) -> str:
-    """Bytes as MB (1e6 B) with one decimal, "n/a" for None (the table and the diagnoses)."""
-    return "n/a" if n is None else f"{n / MB:.1f}"
 
 
 def _classes(d: dict[str, int], top: int = 4) -> str:
@@ -192,19 +191,19 @@ def diagnose(variant: str, flag: Flag, low: Run, high: Run) -> Diagnosis:
         if more or fewer:
             lines.append(f"  the larger budget saves more {_classes(more)} MB"
                          + (f" and less {_classes(fewer)} MB" if fewer else ""))
-    ml, mh = low.measured or {}, high.measured or {}
-    rl, rh = ml.get("at_peak", {}), mh.get("at_peak", {})
+    ml, mh = low.measured, high.measured
+    rl, rh = ml.at_peak if ml else {}, mh.at_peak if mh else {}
     if rl or rh:
         rec_l, rec_h = rl.get("recomputed", 0), rh.get("recomputed", 0)
         sav_l, sav_h = rl.get("saved_activation", 0), rh.get("saved_activation", 0)
         mask_l, mask_h = rl.get("rng_mask", 0), rh.get("rng_mask", 0)
-        phase = ml.get("peak_phase") or "?"
-        peak = "predicted peak" if ml.get("at_peak_source") == "estimate" else "peak"
+        phase = (ml.peak_phase if ml else "") or "?"
+        peak = "predicted peak" if ml is not None and ml.at_peak_source == "estimate" else "peak"
         text = (f"lifetime: at {flag.low:g}'s {peak} ({phase}) {fmt_mb(rec_l)} MB are recomputed values and "
                 f"{fmt_mb(sav_l)} MB saved activations (at {flag.high:g}: {fmt_mb(rec_h)} and {fmt_mb(sav_h)} MB)")
         if mask_l or mask_h:
             text += f"; dropout masks {fmt_mb(mask_l)} MB (at {flag.high:g}: {fmt_mb(mask_h)} MB)"
-        if not ml.get("buffer_level"):
+        if ml is None or not ml.buffer_level:
             text += " (no Inductor wrapper code: recomputed values count as temporaries)"
         lines.append(text)
     if fl is not None and fl.hold is not None:

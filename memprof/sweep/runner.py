@@ -1,6 +1,6 @@
 """Running a sweep: one `memprof trace` process per (variant, budget), `jobs` at a time; with
 --predict, at most `jobs` processes, several budgets of a variant sharing one where there are more
-budgets than jobs (`memprof.sweep.predict`).
+budgets than jobs (`memprof.sweep.predict`), each `memprof _sweep-child`.
 
 Each process writes its capture and a small JSON of what `memprof.sweep.measure` found (computed
 in the child, from the capture still in memory). A process that fails is recorded with its status
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memprof.errors import MemprofError, one_line
+from memprof.sweep.measure import ChildResult, Measured
 from memprof.sweep.result import Run, Sweep
 from memprof.sweep.spec import budget_label
 
@@ -59,7 +60,7 @@ def prepare_dir(out: Path, force: bool, script: Path | None = None) -> None:
                     f.unlink()
     out.mkdir(parents=True, exist_ok=True)
     (out / "logs").mkdir(exist_ok=True)
-    from memprof import __version__
+    from memprof._version import __version__
 
     (out / MANIFEST).write_text(json.dumps({"written_by": f"memprof {__version__}", "files": list(SWEEP_FILES)}))
 
@@ -101,20 +102,20 @@ class _Pool:
 
 def _run_group(pool: _Pool, out: Path, script: str, args: Sequence[str], variant: str, budgets: Sequence[float],
                gpu: str | None, timeout: float | None, extra_env: dict[str, str], predict: bool = False) -> list[Run]:
-    """One process: `memprof trace` for one budget, or (`predict`) `memprof.sweep.predict` for one or
-    more budgets of a variant; a Run per budget."""
+    """One process (`memprof _sweep-child`): one budget measured, or (`predict`) one or more budgets of
+    a variant predicted; a Run per budget."""
     labels = [f"{variant}_{budget_label(b)}" for b in budgets]
     log_name = f"logs/{labels[0]}.log" if len(labels) == 1 else f"logs/{labels[0]}+{len(labels) - 1}.log"
     measure_paths = [out / "logs" / f"{label}.json" for label in labels]
+    cmd = [sys.executable, "-m", "memprof", "_sweep-child"]
+    for b, path in zip(budgets, measure_paths, strict=True):
+        cmd += ["--budget", repr(b), "--json", str(path)]
     if predict:
-        cmd = [sys.executable, "-m", "memprof.sweep.predict"]
-        for b, path in zip(budgets, measure_paths, strict=True):
-            cmd += ["--budget", repr(b), "--json", str(path)]
+        cmd.append("--predict")
     else:
         if len(budgets) != 1:
             raise ValueError("a measured budget runs alone")
-        cmd = [sys.executable, "-m", "memprof", "trace", "--budget", repr(budgets[0]), "-o",
-               str(out / f"{labels[0]}.memprof"), "--force", "--measure-json", str(measure_paths[0])]
+        cmd += ["-o", str(out / f"{labels[0]}.memprof")]
     if variant != "stock":
         cmd += ["--remat", variant]
     cmd += [script, "--", *args]
@@ -154,14 +155,15 @@ def _collect(out: Path, variant: str, budget: float, label: str, measure_path: P
              status: str | None, timeout: float | None, wall: float) -> Run:
     """One budget's Run from what its process left: the measurement JSON, else the capture."""
     cap_name = f"{label}.memprof"
-    measured: dict[str, Any] | None = None
+    measured: Measured | None = None
     error: str | None = None
     meta: dict[str, Any] = {}
     if measure_path.exists():
         try:
-            d = json.loads(measure_path.read_text())
-            measured, meta = d.get("measured"), d.get("meta", {})
-        except ValueError:
+            child = ChildResult.from_json(json.loads(measure_path.read_text()))
+            measured, meta = child.measured, {"status": child.status, "exit_code": child.exit_code,
+                                              "error": child.error}
+        except (ValueError, KeyError, TypeError):
             pass
     if status is None:
         status = str(meta.get("status") or ("crashed" if rc != 0 else "completed"))
@@ -176,11 +178,11 @@ def _collect(out: Path, variant: str, budget: float, label: str, measure_path: P
     capture = cap_name if (out / cap_name).exists() else None
     if measured is None and capture is not None:
         try:  # the child could not measure (or died after saving): measure the saved capture here
-            from memprof.fileformat import load
+            from memprof.capture import load
             from memprof.sweep.measure import measure
 
             cap = load(out / cap_name)
-            measured = measure(cap).to_json() if len(cap.raw) else None
+            measured = measure(cap) if len(cap.raw) else None
             meta = {**cap.meta, **meta}
         except Exception as exc:
             error = error or f"capture unreadable ({one_line(exc)})"
@@ -243,7 +245,7 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
     gpus = _gpus()
     share = False
     if predict and len(budgets) * len(variants) > jobs:
-        from memprof.sweep.predict import sharing_available
+        from memprof.torch_hooks.predict import sharing_available
 
         share = sharing_available()
     groups = group_tasks(budgets, variants, jobs, share)
@@ -291,7 +293,7 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
     sweep.runs.sort(key=lambda r: (r.variant, r.budget))
     unprobed: dict[str, dict[str, None]] = {}  # why -> ops
     for r in sweep.runs:
-        for op, why in (r.measured or {}).get("estimate_unprobed", []):
+        for op, why in (r.measured.estimate_unprobed if r.measured else []):
             unprobed.setdefault(why, {})[op] = None
     if unprobed:
         sweep.notes.append("memprof's estimate leaves out the scratch memory of fallback kernels it could not run ("

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from memprof.analysis.units import MB, fmt_mb
 from memprof.sweep.detect import worst_per_budget
-from memprof.sweep.result import MB, Run, Sweep, fmt_mb, run_estimate
+from memprof.sweep.result import Run, Sweep, run_estimate
 
 
 def _status(r: Run) -> str:
@@ -11,7 +12,7 @@ def _status(r: Run) -> str:
 
 
 def _cell_ms(r: Run | None) -> str:
-    ms = None if r is None or not r.ok or r.measured is None else r.measured.get("step_ms")
+    ms = None if r is None or not r.ok or r.measured is None else r.measured.step_ms
     return "-" if ms is None else f"{ms:.1f}"
 
 
@@ -42,7 +43,7 @@ def render_table(sweep: Sweep) -> str:
             elif sweep.mode == "measure":
                 row += [fmt_mb(r.step_peak), fmt_mb(run_estimate(r, "memprof")), _cell_ms(r)]
             else:
-                secs = (r.measured or {}).get("compile_s")
+                secs = r.measured.compile_s if r.measured else None
                 row += [fmt_mb(run_estimate(r, "memprof")), fmt_mb(run_estimate(r, "inductor (outputs kept)")),
                         "-" if secs is None else f"{secs:.0f}"]
             row += ["-" if f is None else f"{f.saved_bytes / MB:.1f}",
@@ -53,7 +54,7 @@ def render_table(sweep: Sweep) -> str:
                 notes.append(f"{tag}more than {fl.high:g} (+{fl.excess / MB:.1f} MB)")
             if b in random[v]:
                 notes.append(f"{tag}redraws {random[v][b]} random ops")
-            freed = int((r.measured or {}).get("gc_freed") or 0) if r is not None else 0
+            freed = r.measured.gc_freed if r is not None and r.measured is not None else 0
             if freed:
                 notes.append(f"{tag}Python's cyclic GC freed {fmt_mb(freed)} MB in a step")
             if r is not None and not r.ok and r.error:

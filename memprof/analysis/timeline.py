@@ -12,15 +12,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memprof._events import FLAG_UNFOLLOWED_THREAD, SEGMENT_KINDS, Kind, parse_device
+from memprof.analysis.units import round_up_array
 
-# The CUDA caching allocator rounds requests up to 512-byte blocks; used only to
-# size allocations that memprof saw solely through the tracker (no block size).
-_CUDA_BLOCK = 512
 _MEMORY_KINDS = np.array([Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED], dtype=np.uint8)
-
-
-def _round_block(nbytes: np.ndarray) -> np.ndarray:
-    return np.asarray(((np.abs(nbytes) + _CUDA_BLOCK - 1) // _CUDA_BLOCK) * _CUDA_BLOCK, dtype=np.int64)
 
 
 def device_mask(raw: np.ndarray, device: str) -> np.ndarray:
@@ -134,21 +128,22 @@ def build_timeline(
         alloc_of[f_pos] = a_pos
 
     # Events seen only by the CUDA tracker carry requested sizes, not block sizes:
-    # take the block size from the paired reporter event, else round the request.
+    # take the block size from the paired reporter event, else round the request up to the
+    # caching allocator's granule.
     inferred = 0
     tracker_alloc = np.flatnonzero(kinds == Kind.CUDA_ALLOC)
     if len(tracker_alloc):
         paired = free_of[tracker_alloc]
         exact = (paired >= 0) & (kinds[np.maximum(paired, 0)] == Kind.FREE)
         delta[tracker_alloc[exact]] = -delta[paired[exact]]
-        delta[tracker_alloc[~exact]] = _round_block(delta[tracker_alloc[~exact]])
+        delta[tracker_alloc[~exact]] = round_up_array(delta[tracker_alloc[~exact]])
         inferred += int((~exact).sum())
     tracker_free = np.flatnonzero(kinds == Kind.CUDA_FREE_REQUESTED)
     if len(tracker_free):
         paired = alloc_of[tracker_free]
         has = paired >= 0
         delta[tracker_free[has]] = -delta[paired[has]]
-        delta[tracker_free[~has]] = -_round_block(delta[tracker_free[~has]])
+        delta[tracker_free[~has]] = -round_up_array(delta[tracker_free[~has]])
         inferred += int((~has).sum())
 
     if device == "cpu":
@@ -249,72 +244,6 @@ def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: 
                 peak_pos=peak_pos,
             )
         )
-    return out
-
-
-def scope_stack_at(raw: np.ndarray, row: int, fallback_thread: int | None = None) -> list[int]:
-    """Open scope ids (outermost first) on the thread of event `row`, just before it.
-
-    An event on a thread with no scope open (an intra-op worker thread allocating a kernel's buffer,
-    a data pipeline's thread) gets the stack `fallback_thread` (the capturing thread) had then."""
-    stack = _stack_on(raw, row, int(raw["thread"][row]))
-    if not stack and fallback_thread is not None and fallback_thread != int(raw["thread"][row]):
-        stack = _stack_on(raw, row, fallback_thread)
-    return stack
-
-
-def _stack_on(raw: np.ndarray, row: int, thread: int) -> list[int]:
-    kinds = raw["kind"][:row]
-    mask = (raw["thread"][:row] == thread) & ((kinds == Kind.SCOPE_BEGIN) | (kinds == Kind.SCOPE_END))
-    stack: list[int] = []
-    for kind, scope in zip(kinds[mask].tolist(), raw["scope"][:row][mask].tolist(), strict=True):
-        if kind == Kind.SCOPE_BEGIN:
-            stack.append(scope)
-        elif scope in stack:
-            del stack[len(stack) - 1 - stack[::-1].index(scope) :]
-    return stack
-
-
-@dataclass(frozen=True)
-class Slice:
-    """A closed scope on one thread (an op, a kernel or a compiled graph call)."""
-
-    thread: int
-    scope: int
-    t_begin_ns: int
-    t_end_ns: int
-    depth: int
-    closed: bool  # False: still open when the capture stopped
-
-
-def scope_slices(raw: np.ndarray, t_stop_ns: int) -> list[Slice]:
-    """Pairs scope begin/end events per thread into properly nested slices."""
-    kinds = raw["kind"]
-    rows = np.flatnonzero((kinds == Kind.SCOPE_BEGIN) | (kinds == Kind.SCOPE_END))
-    stacks: dict[int, list[tuple[int, int]]] = {}
-    out: list[Slice] = []
-    for kind, scope, thread, t in zip(
-        kinds[rows].tolist(),
-        raw["scope"][rows].tolist(),
-        raw["thread"][rows].tolist(),
-        raw["t_ns"][rows].tolist(),
-        strict=True,
-    ):
-        stack = stacks.setdefault(thread, [])
-        if kind == Kind.SCOPE_BEGIN:
-            stack.append((scope, t))
-            continue
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i][0] == scope:
-                # close this scope and any inner ones left open (ends not seen)
-                while len(stack) > i:
-                    s, t0 = stack.pop()
-                    out.append(Slice(thread, s, t0, t, len(stack), s == scope))
-                break
-    for thread, stack in stacks.items():
-        while stack:
-            s, t0 = stack.pop()
-            out.append(Slice(thread, s, t0, max(t0, t_stop_ns), len(stack), False))
     return out
 
 

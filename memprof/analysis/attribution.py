@@ -1,0 +1,299 @@
+"""Attribution: what every captured allocation is, which FX node and layer made it, and why it is live.
+
+Pure analysis over the event array, a device timeline and the compile plans (no torch, no I/O).
+
+Allocations inside compiled-graph calls are joined to the graph's wrapper code (`join`). Buffers
+lead to FX nodes (Inductor's own origins) and to the plan: forward outputs after
+`num_fwd_outputs` are saved activations, backward buffers computed by nodes that also exist in
+the forward are recomputed, boolean values drawn from random ops are RNG masks. Allocations
+outside compiled graphs are classified from their eager scope and lifetime; known parameters,
+gradients and optimizer state (recorded by ptr) take precedence.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memprof._events import FLAG_OTHER_THREAD, Kind
+from memprof.analysis.join import join_call
+from memprof.analysis.labels import (
+    BEFORE_CAPTURE,
+    CATEGORIES,
+    CATEGORY_OF_KNOWN,
+    CallJoin,
+    Category,
+    LabelContext,
+    Labels,
+    known_layer,
+)
+from memprof.analysis.scopes import ScopeIndex, inside
+from memprof.analysis.timeline import Timeline
+from memprof.plans import CompiledGraph, KnownTensor, Plan
+
+__all__ = ["BEFORE_CAPTURE", "BY", "CATEGORIES", "AttributionRow", "CallJoin", "Category", "Labels",
+           "category_series", "label_timeline", "point_of", "rows_at"]
+
+BY = ("category", "node", "layer", "kernel")
+_GRAPH_CALL = "## Call CompiledFxGraph "
+_BACKWARD_SCOPES = ("autograd::engine::evaluate_function", "CompiledFunctionBackward")
+_OPTIMIZER_SCOPES = ("Optimizer.step#", "Optimizer.zero_grad#")
+
+
+@dataclass(frozen=True)
+class AttributionRow:
+    key: str
+    bytes: int
+    count: int
+    share: float  # of the live bytes at that point
+    category: str  # the category (for by=category: the key itself; else the largest one in the row)
+
+
+def _in_backward(ctx: LabelContext, backward_calls: list[tuple[int, int, int, int]]) -> np.ndarray:
+    """Per timeline position: on an autograd worker thread, or inside a backward scope. CPU events of
+    other threads (intra-op workers, Python threads: FLAG_OTHER_THREAD) are not autograd's."""
+    tl = ctx.tl
+    in_scope = inside(tl.rows, ctx.thread, backward_calls) >= 0
+    if ctx.main_thread is None:
+        return in_scope
+    autograd_thread = (ctx.raw["flags"][tl.rows] & FLAG_OTHER_THREAD) == 0
+    return np.asarray(in_scope | ((ctx.thread != ctx.main_thread) & autograd_thread))
+
+
+def _join_calls(ctx: LabelContext, calls: list[tuple[int, int, int, int]], alloc_pos: np.ndarray,
+                call_of: np.ndarray, freed_in_bw: np.ndarray) -> list[CallJoin]:
+    order = np.argsort(call_of, kind="stable")
+    sorted_calls = call_of[order]
+    starts = np.searchsorted(sorted_calls, np.arange(len(calls)), side="left")
+    ends = np.searchsorted(sorted_calls, np.arange(len(calls)), side="right")
+    joins: list[CallJoin] = []
+    for ci, (thread, b, e, scope) in enumerate(calls):
+        key = ctx.strings[scope][len(_GRAPH_CALL):].removesuffix(" ##")
+        joins.append(join_call(ctx, thread, b, e, key, alloc_pos[order[starts[ci]:ends[ci]]], freed_in_bw))
+    return joins
+
+
+def _label_eager(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int, int, int, int]], first_activity: int,
+                 in_backward: np.ndarray, freed_in_bw: np.ndarray) -> None:
+    """Allocations outside compiled graphs, from their eager scope and lifetime."""
+    raw, tl = ctx.raw, ctx.tl
+    grad_ids = [i for s, i in ctx.scope_id.items() if "AccumulateGrad" in s]
+    erows = tl.rows[eager]
+    escope = raw["scope"][erows]
+    scope_names = np.asarray(ctx.strings, dtype=object)[escope]
+    in_opt = inside(erows, ctx.thread[eager], opts)
+    opt_end = np.asarray([o[2] for o in opts], dtype=np.int64)
+    steps = np.flatnonzero(raw["kind"] == Kind.STEP)
+    free_row = ctx.free_row[eager]
+    spans_step = (np.searchsorted(steps, free_row) - np.searchsorted(steps, erows)) > 0
+    is_grad = np.isin(escope, np.asarray(sorted(grad_ids), dtype=escope.dtype))
+    bw_here = in_backward[eager]
+    for i, pos in enumerate(eager.tolist()):
+        kern = scope_names[i] or "(no scope)"
+        if in_opt[i] >= 0:
+            cat = Category.OPTIMIZER_STATE if free_row[i] > opt_end[in_opt[i]] else Category.TEMPORARY
+        elif is_grad[i]:
+            cat = Category.GRADIENT
+        elif bw_here[i]:
+            cat = Category.TEMPORARY
+        elif freed_in_bw[pos]:
+            cat = Category.SAVED_ACTIVATION
+        elif erows[i] < first_activity or spans_step[i]:
+            cat = Category.INPUT
+        else:
+            cat = Category.TEMPORARY
+        ctx.set(pos, cat, f"eager:{kern}", "", kern)
+
+
+def label_timeline(
+    raw: np.ndarray,
+    strings: Sequence[str],
+    tl: Timeline,
+    plans: Sequence[Plan] = (),
+    graphs: Sequence[CompiledGraph] = (),
+    tensors: Sequence[KnownTensor] = (),
+    main_thread: int | None = None,
+    preexisting: Sequence[tuple[int, int]] = (),
+    scopes: ScopeIndex | None = None,
+) -> Labels:
+    """Category, FX node, layer and kernel of every allocation on one device's timeline.
+
+    `preexisting` are (ptr, bytes) of the blocks live when the capture started (CUDA); `scopes`
+    the capture's scope index (built here when not given).
+    """
+    ctx = LabelContext(raw, strings, tl, plans, graphs, main_thread, scopes or ScopeIndex(raw))
+    alloc_pos = np.flatnonzero(tl.is_alloc)
+    sid = ctx.scope_id
+    calls = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(_GRAPH_CALL)])
+    bws = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(_BACKWARD_SCOPES)])
+    opts = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(_OPTIMIZER_SCOPES)])
+    in_backward = _in_backward(ctx, bws)
+    # frees: where did the allocation die?
+    free_pos = tl.free_of
+    freed_in_bw = np.zeros(ctx.n, dtype=bool)
+    has_free = free_pos >= 0
+    freed_in_bw[has_free] = in_backward[free_pos[has_free]]
+    call_of = inside(tl.rows[alloc_pos], ctx.thread[alloc_pos], calls)
+    joins = _join_calls(ctx, calls, alloc_pos, call_of, freed_in_bw) if calls else []
+    eager = alloc_pos[call_of < 0]
+    if len(eager):
+        first_activity = min([c[1] for c in calls] + [b[1] for b in bws] + [len(raw)])
+        _label_eager(ctx, eager, opts, first_activity, in_backward, freed_in_bw)
+    if tensors:  # known tensors (parameters, gradients, optimizer state) override by pointer and time
+        _apply_known(ctx, tensors, alloc_pos)
+    # frees carry their allocation's labels (free_of maps alloc -> free)
+    f = np.flatnonzero(has_free)
+    for arr in (ctx.category, ctx.node, ctx.layer, ctx.kernel):
+        arr[free_pos[f]] = arr[f]
+    pre = _label_preexisting(ctx, preexisting, tensors)
+    return Labels(ctx.category, ctx.node, ctx.layer, ctx.kernel, ctx.names.names, joins, *pre)
+
+
+def _label_preexisting(ctx: LabelContext, blocks: Sequence[tuple[int, int]],
+                       tensors: Sequence[KnownTensor]) -> tuple[np.ndarray, ...]:
+    """Labels of the blocks live at the capture start; their frees (unpaired) get the same labels."""
+    tl = ctx.tl
+    n = len(blocks)
+    size = np.asarray([b[1] for b in blocks], dtype=np.int64)
+    free = np.full(n, ctx.n, dtype=np.int64)
+    cat = np.full(n, Category.UNATTRIBUTED, dtype=np.int8)
+    node = np.full(n, ctx.names(BEFORE_CAPTURE), dtype=np.int32)
+    layer = np.zeros(n, dtype=np.int32)
+    kernel = np.full(n, ctx.names(BEFORE_CAPTURE), dtype=np.int32)
+    if not n or int(size.sum()) > tl.baseline:  # no snapshot, or one that disagrees with the baseline
+        return tuple(a[:0] for a in (size, free, cat, node, layer, kernel))
+    unpaired = np.flatnonzero(~tl.is_alloc & (tl.alloc_of < 0))
+    frees: dict[int, list[int]] = defaultdict(list)
+    for p, ptr in zip(unpaired.tolist(), ctx.raw["ptr"][tl.rows[unpaired]].tolist(), strict=True):
+        frees[int(ptr)].append(p)
+    known: dict[int, list[tuple[int, str, str]]] = defaultdict(list)
+    for t_ns, device, ptr, _nbytes, category, name in tensors:
+        if device == tl.device:
+            known[ptr].append((t_ns, category, name))
+    for i, (ptr, _) in enumerate(blocks):
+        if frees.get(ptr):
+            free[i] = frees[ptr].pop(0)
+        t_free = int(tl.t_ns[free[i]]) if free[i] < ctx.n else np.iinfo(np.int64).max
+        for t_ns, category, name in known.get(ptr, []):
+            c = CATEGORY_OF_KNOWN.get(category)
+            if c is not None and t_ns < t_free:
+                cat[i], node[i], layer[i] = c, ctx.names(f"{category}:{name}"), ctx.names(known_layer(name))
+                break
+        if free[i] < ctx.n:
+            ctx.category[free[i]], ctx.node[free[i]] = cat[i], node[i]
+            ctx.layer[free[i]], ctx.kernel[free[i]] = layer[i], kernel[i]
+    return size, free, cat, node, layer, kernel
+
+
+def _apply_known(ctx: LabelContext, tensors: Sequence[KnownTensor], alloc_pos: np.ndarray) -> None:
+    tl = ctx.tl
+    mine = [t for t in tensors if t[1] == tl.device]
+    if not mine or not len(alloc_pos):
+        return
+    ptrs = ctx.raw["ptr"][tl.rows[alloc_pos]].astype(np.uint64)
+    t_alloc = tl.t_ns[alloc_pos]
+    t_free = np.where(tl.free_of[alloc_pos] >= 0, tl.t_ns[np.maximum(tl.free_of[alloc_pos], 0)], np.iinfo(np.int64).max)
+    order = np.lexsort((t_alloc, ptrs))
+    sp, st = ptrs[order], t_alloc[order]
+    for t_ns, _device, ptr, _nbytes, category, name in mine:
+        lo = np.searchsorted(sp, np.uint64(ptr), side="left")
+        hi = np.searchsorted(sp, np.uint64(ptr), side="right")
+        if lo == hi:
+            continue
+        j = lo + np.searchsorted(st[lo:hi], t_ns, side="right") - 1
+        if j < lo:
+            continue
+        a = order[j]
+        if t_free[a] <= t_ns:
+            continue
+        pos = alloc_pos[a]
+        cat = CATEGORY_OF_KNOWN.get(category)
+        if cat is None:
+            continue
+        ctx.set(pos, cat, f"{category}:{name}", known_layer(name), ctx.names.names[ctx.kernel[pos]])
+
+
+def point_of(tl: Timeline, at: str, steps: Sequence[tuple[int, int]]) -> int:
+    """Timeline position for `at`: "peak" or "step:N" (the peak within step N); -1 = baseline.
+
+    `steps` are (step number, timeline position of its peak) as `timeline.step_stats` finds them.
+    """
+    if at == "peak":
+        return tl.peak_pos
+    if at.startswith("step:"):
+        try:
+            number = int(at[5:])
+        except ValueError:
+            raise ValueError(f"bad point {at!r}: expected 'peak' or 'step:N'") from None
+        for s, peak_pos in steps:
+            if s == number:
+                return peak_pos
+        raise ValueError(f"no step {number} in this capture (steps: {[s for s, _ in steps]})")
+    raise ValueError(f"bad point {at!r}: expected 'peak' or 'step:N'")
+
+
+def rows_at(tl: Timeline, labels: Labels, pos: int, by: str) -> list[AttributionRow]:
+    """Live bytes at timeline position `pos`, grouped; rows sum exactly to the live bytes there."""
+    if by not in BY:
+        raise ValueError(f"by must be one of {', '.join(BY)}, got {by!r}")
+    total = tl.allocated_at_pos(pos)
+    live = tl.live_positions(pos) if pos >= 0 else np.zeros(0, np.int64)
+    sizes = tl.delta[live]
+    cats = labels.category[live].astype(np.int64)
+    keys = cats if by == "category" else labels.label(by)[live].astype(np.int64)
+    names = list(CATEGORIES) if by == "category" else labels.names
+    pre = np.flatnonzero(labels.pre_free > pos)
+    before = total - int(sizes.sum())
+    if len(pre) and int(labels.pre_size[pre].sum()) <= before:  # blocks from the start snapshot
+        sizes = np.concatenate([sizes, labels.pre_size[pre]])
+        pre_cats = labels.pre_category[pre].astype(np.int64)
+        cats = np.concatenate([cats, pre_cats])
+        keys = np.concatenate([keys, pre_cats if by == "category" else labels.pre_label(by)[pre].astype(np.int64)])
+        live = np.concatenate([live, -1 - pre])
+        before = total - int(sizes.sum())
+    out: dict[str, list[int]] = {}
+    cat_bytes: dict[str, np.ndarray] = {}
+    if len(live):
+        uniq, inv = np.unique(keys, return_inverse=True)
+        b = np.bincount(inv, weights=sizes, minlength=len(uniq)).astype(np.int64)
+        c = np.bincount(inv, minlength=len(uniq))
+        per_cat = np.zeros((len(uniq), len(CATEGORIES)), dtype=np.int64)
+        np.add.at(per_cat, (inv, cats), sizes)
+        for u, bb, cc, pc in zip(uniq.tolist(), b.tolist(), c.tolist(), per_cat, strict=True):
+            name = names[u] or "(unknown)"
+            out[name] = [bb, cc]
+            cat_bytes[name] = pc
+    if before:
+        key = "unattributed" if by == "category" else BEFORE_CAPTURE
+        prev = out.get(key, [0, 0])
+        out[key] = [prev[0] + before, prev[1]]
+        pc = cat_bytes.get(key, np.zeros(len(CATEGORIES), np.int64)).copy()
+        pc[Category.UNATTRIBUTED] += before
+        cat_bytes[key] = pc
+    rows = [
+        AttributionRow(key=k, bytes=v[0], count=v[1], share=(v[0] / total) if total else 0.0,
+                       category=k if by == "category" else CATEGORIES[int(np.argmax(cat_bytes[k]))])
+        for k, v in out.items()
+    ]
+    rows.sort(key=lambda r: (-r.bytes, r.key))
+    return rows
+
+
+def category_series(tl: Timeline, labels: Labels, keep: np.ndarray | None = None) -> np.ndarray:
+    """Live bytes per category after timeline events `keep` (default: all): shape (len(keep), categories)."""
+    idx = np.arange(len(tl.rows)) if keep is None else np.asarray(keep, dtype=np.int64)
+    out = np.zeros((len(idx), len(CATEGORIES)), dtype=np.int64)
+    cats = labels.category.astype(np.int64)
+    for c in range(len(CATEGORIES)):
+        sel = cats == c
+        if sel.any():
+            out[:, c] = np.cumsum(np.where(sel, tl.delta, 0))[idx]
+    start = np.zeros(len(CATEGORIES), dtype=np.int64)
+    start[Category.UNATTRIBUTED] = tl.baseline
+    if len(labels.pre_size) and int(labels.pre_size.sum()) <= tl.baseline:
+        np.add.at(start, labels.pre_category.astype(np.int64), labels.pre_size)
+        start[Category.UNATTRIBUTED] -= int(labels.pre_size.sum())
+    return out + start

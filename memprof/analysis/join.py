@@ -1,0 +1,204 @@
+"""The join of one compiled-graph call's runtime allocations to its wrapper code.
+
+Inside a `## Call CompiledFxGraph <key> ##` scope, the allocations the wrapper makes itself open
+no nested scope: they are its `empty_strided_*` buffers, in order. An allocation inside a
+nested scope belongs to that extern call or kernel launch, matched by name and occurrence. The
+join is verified on every call (count and size of each direct allocation, symbolic sizes
+solved); a call that does not verify is attributed at kernel level, from lifetimes only, and
+says why.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+import numpy as np
+
+from memprof.analysis.labels import CallJoin, Category, LabelContext, node_layer
+from memprof.analysis.units import block_fits
+from memprof.analysis.wrapper_code import WrapperCode, check_symbolic_sizes
+from memprof.plans import CompiledGraph, Plan
+
+_ROLE_TAGS = {"forward": "fw", "backward": "bw", "inference": "inf"}
+
+
+@dataclass(frozen=True)
+class CallNesting:
+    """Where each allocation of one call happened, relative to the call's top-level scopes."""
+
+    rows: np.ndarray  # event row of each allocation
+    is_direct: np.ndarray  # made by the wrapper itself (its innermost scope is the call's)
+    child_of: np.ndarray  # index of the top-level scope holding it, -1 if none
+    child_scope: np.ndarray  # scope id of each top-level scope
+    survives_call: np.ndarray  # freed after the call ends (or never)
+    freed_in_child: np.ndarray  # freed inside the top-level scope that made it
+
+    @property
+    def in_child(self) -> np.ndarray:
+        return self.child_of >= 0
+
+
+def nesting(ctx: LabelContext, thread: int, begin: int, end: int, graph: CompiledGraph | None,
+            alloc_pos: np.ndarray) -> CallNesting:
+    """The call's top-level scopes and which of them made each allocation. Only scopes named in the
+    wrapper count: others (autotuning on a first call, for one) may begin without a matching end on
+    this thread and would hide the nesting."""
+    raw = ctx.raw
+    rows = ctx.tl.rows[alloc_pos]
+    is_direct = raw["scope"][rows] == int(raw["scope"][begin])
+    named = None
+    if graph is not None:
+        names = {c.scope for c in graph.wrapper.calls if c.scope is not None}
+        named = [ctx.scope_id[n] for n in names if n in ctx.scope_id]
+    child_b, child_e, child_scope = ctx.scopes.children(thread, begin, end, named)
+    k = np.searchsorted(child_b, rows, side="right") - 1
+    child_end = child_e[np.maximum(k, 0)] if len(child_b) else np.full(len(rows), -1, dtype=np.int64)
+    in_child = ~is_direct & (k >= 0) & (rows < child_end)
+    free_row = ctx.free_row[alloc_pos]
+    return CallNesting(rows, is_direct, np.where(in_child, k, -1), child_scope, free_row > end,
+                       in_child & (free_row < child_end))
+
+
+def verify(ctx: LabelContext, graph: CompiledGraph | None, n: CallNesting, alloc_pos: np.ndarray) -> str:
+    """Why the buffer join cannot be used for this call ("" when it verifies)."""
+    if graph is None:
+        return "no compile plan for this graph (compiled before the capture started?)"
+    if graph.notes:
+        return ", ".join(graph.notes)
+    if graph.wrapper.unsupported:
+        return ", ".join(graph.wrapper.unsupported)
+    expected = graph.wrapper.expected_allocs
+    direct = np.flatnonzero(n.is_direct)
+    if len(direct) != len(expected):
+        return f"{len(direct)} wrapper allocations at run time, {len(expected)} in the wrapper code"
+    cpu = ctx.tl.device == "cpu"
+    sizes = ctx.tl.delta[alloc_pos[direct]].tolist()
+    for alloc, size in zip(expected, sizes, strict=True):
+        if not block_fits(alloc.nbytes, int(size), cpu):
+            return f"{alloc.buf}: {size} bytes allocated, {alloc.nbytes} expected"
+    # symbolic sizes (dynamic shapes): some values of the size symbols must explain them all
+    return check_symbolic_sizes([(a, int(b)) for a, b in zip(expected, sizes, strict=True) if a.nbytes is None], cpu)
+
+
+def _child_name(ctx: LabelContext, n: CallNesting, c: int) -> str:
+    return ctx.strings[int(n.child_scope[c])] if c >= 0 else ""
+
+
+def label_kernel_level(ctx: LabelContext, n: CallNesting, alloc_pos: np.ndarray, role: str, tag: str,
+                       freed_in_bw: np.ndarray) -> None:
+    """Categories from lifetimes only, labelled by the kernel that allocated."""
+    for i in range(len(alloc_pos)):
+        kern = _child_name(ctx, n, int(n.child_of[i])) or (
+            ctx.strings[int(ctx.raw["scope"][n.rows[i]])] if not n.is_direct[i] else "(wrapper allocation)")
+        if n.freed_in_child[i] or (n.in_child[i] and not n.survives_call[i] and role != "backward"):
+            cat = Category.WORKSPACE if n.freed_in_child[i] else Category.TEMPORARY
+        elif not n.survives_call[i]:
+            cat = Category.TEMPORARY
+        elif role == "backward":
+            cat = Category.GRADIENT
+        elif freed_in_bw[alloc_pos[i]]:
+            cat = Category.SAVED_ACTIVATION
+        else:
+            cat = Category.TEMPORARY
+        ctx.set(alloc_pos[i], cat, f"{tag}:{kern}", "", kern)
+
+
+def _calls_of_children(ctx: LabelContext, n: CallNesting, wrapper: WrapperCode) -> list[int | None]:
+    """The wrapper call behind each top-level scope: the k-th scope of a name is its k-th call."""
+    seen: dict[str, int] = defaultdict(int)
+    out: list[int | None] = []
+    for child in range(len(n.child_scope)):
+        name = _child_name(ctx, n, child)
+        occ = seen[name]
+        seen[name] += 1
+        cands = wrapper.calls_by_scope.get(name, [])
+        out.append(cands[occ] if occ < len(cands) else None)
+    return out
+
+
+class _BufferCategories:
+    """The category of a buffer allocation from its graph's plan (saved, recomputed, masks)."""
+
+    def __init__(self, plan: Plan | None, wrapper: WrapperCode, role: str) -> None:
+        self.plan, self.role = plan, role
+        self.nfo = plan.num_fwd_outputs if plan is not None else len(wrapper.outputs)
+        self.out_positions: dict[str, list[int]] = defaultdict(list)
+        for i, o in enumerate(wrapper.outputs):
+            if o is not None:
+                self.out_positions[o].append(i)
+        # dropout randomness: boolean masks and the random values (or seeds) they are drawn from
+        self.masks = set(plan.masks) | set(plan.random_ops) if plan is not None else set()
+        self.recomputed = set(plan.recomputed) if plan is not None else set()
+
+    def of(self, root: str, primary: str, survives_call: bool, freed_in_bw: bool) -> tuple[str, Category]:
+        plan = self.plan
+        saved = [plan.saved[p - self.nfo] for p in self.out_positions.get(root, [])
+                 if plan is not None and self.nfo <= p < self.nfo + len(plan.saved)]
+        if self.role == "forward" and saved:
+            return saved[0], Category.RNG_MASK if any(s in self.masks for s in saved) else Category.SAVED_ACTIVATION
+        if not survives_call:
+            if self.role == "backward" and primary in self.recomputed:
+                return primary, Category.RNG_MASK if primary in self.masks else Category.RECOMPUTED
+            return primary, Category.TEMPORARY
+        if self.role == "backward":
+            return primary, Category.GRADIENT
+        return primary, Category.SAVED_ACTIVATION if freed_in_bw else Category.TEMPORARY
+
+
+def label_buffers(ctx: LabelContext, n: CallNesting, alloc_pos: np.ndarray, graph: CompiledGraph,
+                  plan: Plan | None, tag: str, freed_in_bw: np.ndarray) -> None:
+    """Labels of a verified call: each allocation's buffer, FX node and category."""
+    wrapper = graph.wrapper
+    call_of_child = _calls_of_children(ctx, n, wrapper)
+    categories = _BufferCategories(plan, wrapper, graph.role)
+    expected = wrapper.expected_allocs
+    d = 0
+    for i in range(len(alloc_pos)):
+        pos = alloc_pos[i]
+        if not n.in_child[i] and not n.is_direct[i]:  # inside a scope the wrapper does not open (autotuning)
+            kern = ctx.strings[int(ctx.raw["scope"][n.rows[i]])]
+            ctx.set(pos, Category.WORKSPACE if not n.survives_call[i] else Category.TEMPORARY, f"{tag}:{kern}", "",
+                    kern)
+            continue
+        if n.is_direct[i]:
+            root = expected[d].buf
+            d += 1
+            writer = wrapper.writer.get(root)
+            writer_call = wrapper.calls[writer] if writer is not None else None
+            kern = (writer_call.scope or writer_call.kernel) if writer_call is not None else "(no kernel)"
+        else:
+            c = int(n.child_of[i])
+            ci = call_of_child[c]
+            kern = _child_name(ctx, n, c)
+            site = wrapper.calls[ci] if ci is not None else None
+            if site is None or site.out is None or n.freed_in_child[i]:  # a kernel's own scratch
+                nodes = graph.origins.get(site.out or "", []) if site is not None else []
+                if not nodes and site is not None:
+                    nodes = [x for a in site.args for x in graph.origins.get(wrapper.root(a), [])[-1:]]
+                node = nodes[-1] if nodes else kern
+                ctx.set(pos, Category.WORKSPACE, f"{tag}:{node}", node_layer(plan, graph.role, *nodes[::-1]), kern)
+                continue
+            root = site.out
+        origins = graph.origins.get(root, [])
+        node, cat = categories.of(root, origins[-1] if origins else root, bool(n.survives_call[i]),
+                                  bool(freed_in_bw[pos]))
+        ctx.set(pos, cat, f"{tag}:{node}", node_layer(plan, graph.role, node, *origins[::-1]), kern)
+
+
+def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, alloc_pos: np.ndarray,
+              freed_in_bw: np.ndarray) -> CallJoin:
+    """Label the allocations `alloc_pos` of one call (rows begin..end on `thread`) of graph `key`."""
+    graph = ctx.graphs.get(key)
+    role = graph.role if graph is not None else "unknown"
+    plan = ctx.plans.get(graph.plan) if graph is not None and graph.plan is not None else None
+    tag = _ROLE_TAGS.get(role, "graph")
+    tag = f"{tag}{plan.index}" if plan is not None else tag
+    n = nesting(ctx, thread, begin, end, graph, alloc_pos)
+    reason = verify(ctx, graph, n, alloc_pos)
+    if reason:
+        label_kernel_level(ctx, n, alloc_pos, role, tag, freed_in_bw)
+        return CallJoin(key, role, thread, begin, end, len(alloc_pos), "kernel", reason)
+    assert graph is not None
+    label_buffers(ctx, n, alloc_pos, graph, plan, tag, freed_in_bw)
+    return CallJoin(key, role, thread, begin, end, len(alloc_pos), "buffer")

@@ -1,0 +1,246 @@
+"""The peak summary of a capture, as typed records (reporters format them)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from memprof._events import Kind, device_name
+from memprof.analysis.attribution import CATEGORIES
+from memprof.analysis.timeline import freed_bytes, unfollowed_count
+from memprof.capture import Capture
+from memprof.plans import Plan
+from memprof.remat.report import RematReport
+
+
+@dataclass(frozen=True)
+class CategoryShare:
+    category: str
+    bytes: int
+    count: int
+    share: float  # of the live bytes at the peak
+
+
+@dataclass(frozen=True)
+class ScopeBytes:
+    scope: str  # the op or kernel that allocated
+    bytes: int
+    count: int
+
+
+@dataclass(frozen=True)
+class GcFreed:
+    """Frees by Python's cyclic garbage collector (tensors in reference cycles)."""
+
+    count: int
+    bytes: int
+    by_scope: list[ScopeBytes]  # by the op that allocated them
+
+
+@dataclass(frozen=True)
+class GraphCalls:
+    total: int
+    buffer_level: int  # joined to buffers and FX nodes
+    kernel_level: dict[str, int]  # why the others fell back to kernel level -> how many
+
+
+@dataclass(frozen=True)
+class LiveRow:
+    """One of the largest allocations live at a peak."""
+
+    bytes: int
+    requested: int  # -1 if unknown
+    scope: str
+    category: str
+    node: str
+    age_ms: float  # allocated this long before the peak
+    ptr: int
+
+
+@dataclass(frozen=True)
+class StepRow:
+    step: int
+    peak_bytes: int
+    allocated_at_end: int
+    reserved_at_end: int | None
+    complete: bool
+    gc_freed_bytes: int
+
+
+@dataclass(frozen=True)
+class DeviceSummary:
+    device: str
+    gc_freed: GcFreed
+    categories_at_peak: list[CategoryShare]
+    graph_calls: GraphCalls
+    peak_bytes: int
+    peak_t_s: float
+    baseline_bytes: int
+    final_bytes: int
+    reserved_peak_bytes: int | None
+    live_at_peak: int
+    allocated_before_capture_bytes: int
+    inferred_sizes: int
+    stack_at_peak: list[str]
+    largest: list[LiveRow]
+    scopes: list[ScopeBytes]
+    steps: list[StepRow]
+
+
+@dataclass(frozen=True)
+class OomRow:
+    device: str
+    requested_bytes: int
+    free_bytes: int | None
+    t_s: float
+    scope: str
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    index: int
+    backend: str
+    budget: float
+    saved: int
+    saved_bytes: int
+    saved_symbolic: int  # saved values of symbolic size (dynamic shapes): not in saved_bytes
+    recomputed: int
+    random_ops: int
+    recomputed_random: list[str]
+    masks: list[str]
+    status: str
+    remat: str | None
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What `memprof trace` and `memprof report` print (and `--json` writes, field for field)."""
+
+    plans: list[PlanSummary]
+    warnings: list[str]
+    path: str | None
+    command: str | None
+    budget: Any
+    status: str | None
+    exit_code: int | None
+    error: str | None
+    events: int
+    duration_s: float
+    dropped_events: int
+    exact: bool  # False when a peak is only a lower bound (events dropped, capture stopped early)
+    caveats: list[str]  # why, when it is not
+    steps_run: int | None
+    max_events: int | None
+    unfollowed_events: int
+    cuda_tracker: str | None
+    devices: list[DeviceSummary]
+    ooms: list[OomRow]
+    notes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
+    raw = cap.raw
+    tl = cap.timeline(dev)
+    live = cap.live_at_peak(dev)
+    peak_t = int(tl.t_ns[tl.peak_pos]) if tl.peak_pos >= 0 else t0
+    labels = cap.labels(dev)
+    live_pos = np.searchsorted(tl.rows, [a.row for a in live[:top]])  # rows are sorted
+    reasons: dict[str, int] = defaultdict(int)
+    for c in labels.calls:
+        if c.level != "buffer":
+            reasons[c.reason] += 1
+    gc_pos = cap.gc_freed(dev)
+    gc_made = ((cap.scope_name(int(raw["scope"][tl.rows[a]])) if a >= 0 else "allocated before the capture",
+                -int(tl.delta[p])) for p, a in zip(gc_pos.tolist(), tl.alloc_of[gc_pos].tolist(), strict=True))
+    return DeviceSummary(
+        device=dev,
+        gc_freed=GcFreed(len(gc_pos), freed_bytes(tl, gc_pos), _top_scopes(gc_made, top)),
+        categories_at_peak=[CategoryShare(r.key, r.bytes, r.count, r.share)
+                            for r in cap.attribution("peak", "category", dev, lower_bound=True) if r.bytes],
+        graph_calls=GraphCalls(len(labels.calls), sum(c.level == "buffer" for c in labels.calls), dict(reasons)),
+        peak_bytes=tl.peak, peak_t_s=(peak_t - t0) / 1e9, baseline_bytes=tl.baseline, final_bytes=tl.final,
+        reserved_peak_bytes=tl.reserved_peak if tl.has_reserved else None, live_at_peak=len(live),
+        allocated_before_capture_bytes=tl.peak - sum(a.bytes for a in live), inferred_sizes=tl.inferred,
+        stack_at_peak=cap.scope_stack_at_peak(dev),
+        largest=[LiveRow(a.bytes, a.requested, a.scope, CATEGORIES[int(labels.category[p])],
+                         labels.names[int(labels.node[p])], (peak_t - a.t_ns) / 1e6, a.ptr)
+                 for a, p in zip(live[:top], live_pos.tolist(), strict=True)],
+        scopes=_top_scopes(((a.scope, a.bytes) for a in live), top),
+        steps=[StepRow(s.step, s.peak, s.allocated_at_end, s.reserved_at_end, s.complete,
+                       freed_bytes(tl, gc_pos, s.start_row, s.end_row)) for s in cap.steps(dev)],
+    )
+
+
+def _ooms(raw: np.ndarray, cap: Capture, t0: int) -> list[OomRow]:
+    return [OomRow(device_name(int(raw["device_type"][r]), int(raw["device_index"][r])), int(raw["bytes"][r]),
+                   int(raw["aux"][r]) if int(raw["aux"][r]) >= 0 else None, (int(raw["t_ns"][r]) - t0) / 1e9,
+                   cap.scope_name(int(raw["scope"][r])))
+            for r in np.flatnonzero(raw["kind"] == Kind.OOM)]
+
+
+def summarize(cap: Capture, top: int = 8) -> Summary:
+    """Peak per device, the largest live allocations and scopes at each peak, steps, OOMs."""
+    raw, meta, info = cap.raw, cap.meta, cap.info
+    t0 = info.t_start_ns or (int(raw["t_ns"][0]) if len(raw) else 0)
+    t1 = info.t_stop_ns or (int(raw["t_ns"][-1]) if len(raw) else t0)
+    return Summary(
+        plans=[plan_summary(p) for p in cap.plans], warnings=rng_warnings(cap), path=meta.get("path"),
+        command=meta.get("command"), budget=meta.get("budget"), status=meta.get("status"),
+        exit_code=meta.get("exit_code"), error=meta.get("error"), events=len(raw), duration_s=(t1 - t0) / 1e9,
+        dropped_events=cap.dropped, exact=cap.exact, caveats=cap.caveats, steps_run=meta.get("steps"),
+        max_events=meta.get("max_events"), unfollowed_events=unfollowed_count(raw),
+        cuda_tracker=meta.get("cuda_tracker"), devices=[_device_summary(cap, d, top, t0) for d in cap.devices],
+        ooms=_ooms(raw, cap, t0), notes=list(meta.get("notes", [])),
+    )
+
+
+def _top_scopes(items: Iterable[tuple[str, int]], top: int) -> list[ScopeBytes]:
+    """(scope, bytes) pairs summed by scope, largest first."""
+    by_scope: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for scope, nbytes in items:
+        by_scope[scope or "(no scope)"][0] += nbytes
+        by_scope[scope or "(no scope)"][1] += 1
+    return [ScopeBytes(k, b, c) for k, (b, c) in sorted(by_scope.items(), key=lambda kv: -kv[1][0])[:top]]
+
+
+def plan_summary(plan: Plan) -> PlanSummary:
+    fw = plan.forward.by_name
+    return PlanSummary(
+        index=plan.index, backend=plan.backend, budget=plan.budget, saved=len(plan.saved),
+        saved_bytes=sum(fw[n].bytes or 0 for n in plan.saved if n in fw),
+        saved_symbolic=sum(1 for n in plan.saved if n in fw and fw[n].bytes is None and fw[n].size_expr),
+        recomputed=len(plan.recomputed), random_ops=len(plan.random_ops),
+        recomputed_random=list(plan.recomputed_random), masks=list(plan.masks), status=plan.status,
+        remat=remat_line(plan.remat) if plan.remat else None,
+    )
+
+
+def remat_line(r: dict[str, Any]) -> str:
+    """One line on what memprof's remat pass did to a plan (from its stored report)."""
+    return RematReport.from_json(r).summary()
+
+
+def rng_warnings(cap: Capture) -> list[str]:
+    """Plain statements of plans that recompute random ops in the backward (silently wrong gradients)."""
+    out: list[str] = []
+    for p in cap.plans:
+        if p.recomputed_random:
+            names = ", ".join(p.recomputed_random[:6]) + (f" and {len(p.recomputed_random) - 6} more"
+                                                          if len(p.recomputed_random) > 6 else "")
+            out.append(
+                f"compiled graph {p.index} ({p.backend}, activation_memory_budget={p.budget:g}) recomputes "
+                f"{len(p.recomputed_random)} random op(s) in the backward: {names}. The backward draws "
+                "fresh random numbers, so dropout masks differ from the forward's and the gradients are "
+                "silently wrong (pytorch/pytorch#190758). memprof's remat pass saves the dropout masks instead "
+                "at any budget (memprof trace --remat light, or memprof.remat.enable(\"light\")); otherwise use "
+                "budget 1.0 for models with dropout, or set torch._functorch.config.functionalize_rng_ops=True "
+                "(CUDA)."
+            )
+    return out

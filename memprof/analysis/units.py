@@ -1,0 +1,49 @@
+"""Byte formatting and the CUDA caching allocator's block rounding, defined once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+MB = 1e6  # decimal megabytes, as the paper and nvidia-smi use
+CUDA_BLOCK = 512  # the caching allocator rounds every request up to 512-byte granules
+CUDA_LARGE_SLACK = 1 << 20  # a block may be up to 1 MiB larger than its rounded request (no split below)
+
+
+def fmt_bytes(n: int | None) -> str:
+    """Human-readable size in decimal units ("12.3 MB"); "-" for None."""
+    if n is None:
+        return "-"
+    sign = "-" if n < 0 else ""
+    v = float(abs(n))
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if v < 1000 or unit == "TB":
+            return f"{sign}{v:.0f} {unit}" if unit == "B" else f"{sign}{v:.1f} {unit}"
+        v /= 1000
+    raise AssertionError("unreachable")
+
+
+def fmt_mb(n: float | None) -> str:
+    """Bytes as MB (1e6 B) with one decimal, "n/a" for None (tables of many rows in one unit)."""
+    return "n/a" if n is None else f"{n / MB:.1f}"
+
+
+def round_up(nbytes: int, block: int = CUDA_BLOCK) -> int:
+    """`nbytes` rounded up to a multiple of `block` (a block of 1 or less: unchanged; 0 stays 0)."""
+    return ((nbytes + block - 1) // block) * block if block > 1 and nbytes > 0 else nbytes
+
+
+def round_up_array(nbytes: np.ndarray, block: int = CUDA_BLOCK) -> np.ndarray:
+    """`round_up` of the absolute values of an array of byte counts."""
+    return np.asarray(((np.abs(nbytes) + block - 1) // block) * block, dtype=np.int64)
+
+
+def block_fits(nbytes: int | None, block: int, cpu: bool) -> bool:
+    """Whether an allocation of `nbytes` (None: unknown, any) can be a block of `block` bytes: the
+    same on the CPU; on CUDA the caching allocator's 512-byte granules, and large blocks are not
+    split below 1 MiB."""
+    if nbytes is None:
+        return True
+    if cpu:
+        return block == nbytes
+    rounded = max(CUDA_BLOCK, round_up(nbytes))
+    return rounded <= block <= rounded + CUDA_LARGE_SLACK

@@ -1,0 +1,72 @@
+"""`memprof _sweep-child` (hidden): what `memprof sweep` runs in each of its processes.
+
+Measured (one budget): the script traced as `memprof trace` would, its capture saved with `-o`,
+and what `memprof.sweep.measure` finds in it. Predicted (`--predict`, one or more budgets sharing
+the process): `memprof.sweep.predict`. Either way one `ChildResult` JSON per budget (`--json`, in
+the order of `--budget`), which the sweep reads back.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from memprof.errors import MemprofError, one_line
+from memprof.outputs import write_text
+
+
+def _measured(cap: object, budget: float, remat: str) -> str:
+    from memprof.capture import Capture
+    from memprof.sweep.measure import ChildResult, measure
+
+    assert isinstance(cap, Capture)
+    meta = cap.meta
+    result = ChildResult(budget, remat, str(meta.get("status")), meta.get("exit_code"), meta.get("error"), None)
+    try:
+        result.measured = measure(cap) if len(cap.raw) else None
+    except Exception as exc:  # the capture is saved; the sweep measures it from the file instead
+        result.measure_error = one_line(exc)
+    return json.dumps(result.to_json())
+
+
+@click.command("_sweep-child", hidden=True,
+               context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--budget", "budgets", type=float, multiple=True, required=True)
+@click.option("--json", "json_paths", type=click.Path(dir_okay=False), multiple=True, required=True)
+@click.option("--remat", type=click.Choice(["off", "light", "all"]), default="off")
+@click.option("--predict", is_flag=True, help="Compile and predict each budget; run no training step.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="(measured) the capture file.")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+def sweep_child(budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: str, predict: bool,
+                output: str | None, script: str, script_args: tuple[str, ...]) -> int:
+    """(memprof sweep) One budget measured, or a group of budgets predicted."""
+    from memprof.outputs import resolve
+    from memprof.runner import check_script
+
+    if len(json_paths) != len(budgets):
+        raise MemprofError(f"{len(budgets)} --budget but {len(json_paths)} --json")
+    path = check_script(script)
+    args = list(script_args)
+    if predict:
+        from memprof.sweep.predict import predict as run_predict
+
+        results = run_predict(path, args, list(budgets), None if remat == "off" else remat)
+        for p, r in zip(json_paths, results, strict=True):
+            write_text(resolve(p), json.dumps(r.to_json()))
+            if r.status != "completed" or r.measured is None:
+                click.echo(f"memprof: budget {r.budget:g} not predicted ({r.status}): {r.error}", err=True)
+            else:
+                click.echo(f"memprof: predicted budget {r.budget:g}: {r.measured.estimates} ({r.measured.own_compile_s:.1f}"
+                           f" s own compile, {r.measured.shared_s:.1f} s shared)", err=True)
+        return 0 if all(r.status == "completed" for r in results) else 1
+    if len(budgets) != 1 or output is None:
+        raise MemprofError("a measured budget runs alone, with -o for its capture")
+    from memprof.cli.trace import TraceOptions, traced
+
+    cap, code = traced(path, args, resolve(output), None, TraceOptions(budgets[0], remat, knapsack_evaluator=True),
+                       Path.cwd())
+    write_text(resolve(json_paths[0]), _measured(cap, budgets[0], remat))
+    return code

@@ -1,0 +1,376 @@
+"""Recording a capture: `memprof.capture()`, `memprof.step()` and the recorder that owns the native
+session, the run-time hooks and the never-lose-a-capture policy.
+
+The recorder fills the `Capture` it yields once when it stops (`Capture.set_recorded`). With
+`output`, the capture is written there however the block ends: normally, by an exception (an OOM
+included), `sys.exit`, Ctrl-C or SIGTERM/SIGHUP (which would otherwise kill the process unsaved;
+after the save the signal is delivered again, so the process ends as it would have).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime as _dt
+import os
+import platform
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memprof._events import EVENT_DTYPE
+from memprof._native import native
+from memprof._version import __version__
+from memprof.analysis.timeline import GC_START, GC_STOP
+from memprof.capture import Capture
+from memprof.errors import MemprofError, SaveError, one_line
+from memprof.outputs import resolve
+from memprof.runner import Terminated, outcome
+from memprof.torch_hooks import runtime
+from memprof.torch_hooks.patch import Patches
+
+# RecordFunction scope sets (csrc/capture.h ScopeBits): "ops" records every aten op,
+# autograd node and Inductor kernel launch; "graphs" only compiled-graph calls and user
+# record_function regions (much cheaper: aten ops then skip RecordFunction entirely).
+SCOPE_BITS = {"ops": 1 | 2 | 4, "graphs": 4, "none": 0}
+DEFAULT_MAX_EVENTS = 1 << 24  # 16.7 M events, 56 B each; memory is taken in 1.8 MB chunks as needed
+
+_lock = threading.Lock()
+_active: Recorder | None = None
+_atexit_registered = False
+
+
+def _base_meta() -> dict[str, Any]:
+    import torch
+
+    return {
+        "memprof_version": __version__,
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "pid": os.getpid(),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "notes": [],
+    }
+
+
+class Recorder:
+    """One capture's native session and hooks; fills its `Capture` when it stops."""
+
+    def __init__(self, cap: Capture, max_events: int, scopes: str, kernels: bool, plans: bool = True,
+                 knapsack_evaluator: bool = False) -> None:
+        self.cap = cap
+        self.record_plans = plans
+        self.knapsack_evaluator = knapsack_evaluator
+        self.plan_recorder: Any = None
+        self.max_events = max_events
+        self.scopes = scopes
+        self.kernels = kernels and scopes != "none"
+        self.thread_ident = threading.get_ident()
+        self.native_tid = threading.get_native_id()
+        self.step = 0
+        self.explicit_steps = False
+        self._patches = Patches()
+        self.meta = _base_meta()
+        self.children = {"dataloader": 0, "other": 0}  # processes started with multiprocessing
+
+    def _note(self, text: str) -> None:
+        self.meta["notes"].append(text)
+
+    def start(self) -> None:
+        import torch
+        import torch.autograd.profiler as autograd_profiler
+
+        C = native()
+        if torch._C._autograd._profiler_enabled() or autograd_profiler._is_profiler_enabled:
+            raise MemprofError(
+                "torch.profiler is already active; memprof and torch.profiler share PyTorch's profiler "
+                "slot, so stop the profiler before starting a capture"
+            )
+        baselines: dict[str, dict[str, int]] = {"cpu": {"allocated": 0, "reserved": 0}}
+        cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        if cuda_ready:
+            self.meta["preexisting"] = runtime.cuda_live_blocks()
+            for d in range(torch.cuda.device_count()):
+                baselines[f"cuda:{d}"] = {
+                    "allocated": int(torch.cuda.memory_allocated(d)),
+                    "reserved": int(torch.cuda.memory_reserved(d)),
+                }
+        self.meta.update(baselines=baselines, max_events=self.max_events, scopes=self.scopes,
+                         kernel_scopes=self.kernels,
+                         cpu_note="cpu: bytes allocated during the capture (PyTorch does not report earlier ones)")
+        if torch.cuda.is_available():
+            self.meta["allocator_backend"] = torch.cuda.get_allocator_backend()
+        try:
+            C.start(self.max_events, SCOPE_BITS[self.scopes])
+        except RuntimeError as exc:
+            raise MemprofError(str(exc)) from None
+        self.meta["t_start_ns"] = int(C.now_ns())
+        try:
+            self._install(torch, C, cuda_ready)
+        except BaseException:
+            self._patches.undo()
+            C.stop()
+            raise
+
+    def _install(self, torch: Any, C: Any, cuda_ready: bool) -> None:
+        global _atexit_registered
+        if not _atexit_registered:
+            atexit.register(_at_exit)
+            _atexit_registered = True
+        # CUDA: the allocator tracker (requested sizes, streams, segments, OOM).
+        if C.cuda_built():
+            if cuda_ready:
+                self._attach_tracker()
+            elif torch.cuda.is_available():
+                torch.cuda._lazy_call(self._attach_tracker)
+                self.meta["cuda_tracker"] = "pending (CUDA not initialized at start)"
+        elif torch.cuda.is_available():
+            self.meta["cuda_tracker"] = "not built (CPU-only build of memprof)"
+            self._note("memprof was built without CUDA: reserved bytes, requested sizes and streams are missing")
+        p = self._patches
+        if self.kernels:
+            runtime.kernel_scopes(p)
+        # Compile plans: partitioner decisions, wrapper code and buffer origins of every
+        # graph compiled during the capture, and which tensors are parameters and state.
+        if self.record_plans:
+            from memprof.torch_hooks.plan_recorder import PlanRecorder
+
+            self.plan_recorder = PlanRecorder(C.now_ns, self._note, self.knapsack_evaluator)
+            self.plan_recorder.install()
+            p.on_undo(self.plan_recorder.uninstall)
+            if self.meta.get("preexisting"):  # name what was allocated before the capture
+                try:
+                    self.plan_recorder.record_modules()
+                except Exception as exc:  # never fail the capture over names
+                    self._note(f"modules not scanned at the start ({one_line(exc)})")
+            self.meta["plans"] = "recorded (Inductor and AOTAutograd caches off during the capture)"
+        else:
+            self.meta["plans"] = "off"
+        # marks at the start and stop of every collection, so that what Python's cyclic garbage
+        # collector frees (tensors in reference cycles) is told apart (timeline.gc_freed_positions)
+        runtime.on_gc(p, lambda start: C.mark(GC_START if start else GC_STOP))
+        runtime.on_process_start(p, self._on_process_start)
+        runtime.on_recompile_limit(p, lambda what: self.meta.setdefault("recompile_limits", []).append(what))
+        # steps: one marker per optimizer step unless the script calls memprof.step()
+        runtime.on_optimizer_step(p, self._on_optimizer_step)
+        runtime.on_profiler_start(p, self._on_profiler_start)
+
+    def _on_process_start(self, dataloader: bool) -> None:
+        # DataLoader workers above all allocate where no capture sees: count them so the capture says so
+        if _active is self:
+            self.children["dataloader" if dataloader else "other"] += 1
+
+    def _on_profiler_start(self) -> None:
+        """torch.profiler starting during the capture: stop the capture cleanly first."""
+        if _active is self and threading.get_ident() == self.thread_ident:
+            self.meta["stopped_by"] = "torch.profiler"  # Capture.caveats says so at the top
+            print("memprof: the script started torch.profiler, which shares PyTorch's profiler slot with "
+                  "memprof: the capture stopped there; later events are not captured", file=sys.stderr)
+            _stop_active()
+
+    def _attach_tracker(self) -> None:
+        import torch
+
+        problem = native().attach_cuda_tracker()
+        if not problem:
+            self.meta["cuda_tracker"] = "attached"
+            for d in range(torch.cuda.device_count()):
+                self.meta["baselines"].setdefault(f"cuda:{d}", {"allocated": 0, "reserved": 0})
+            return
+        self.meta["cuda_tracker"] = f"unavailable: {problem}"
+        if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
+            self._note("the cudaMallocAsync allocator backend supports no allocator tracing, and on torch "
+                       "2.11 it reports no CUDA allocations to PyTorch's memory reporter either: memprof "
+                       "captures CPU allocations and scopes only; use the default (native) backend")
+        else:
+            self._note(f"CUDA allocator tracing unavailable ({problem}): reserved bytes are missing")
+
+    def _on_optimizer_step(self, optimizer: Any) -> None:
+        if self.plan_recorder is not None:
+            try:
+                self.plan_recorder.record_optimizer(optimizer)
+            except Exception as exc:  # never break the user's step
+                self._note(f"optimizer state not recorded ({one_line(exc)})")
+        if not self.explicit_steps:
+            self.mark_step(source="optimizer")
+
+    def mark_step(self, source: str) -> int:
+        self.step += 1
+        self.meta["step_source"] = source
+        native().mark_step(self.step)
+        return self.step
+
+    def stop(self) -> None:
+        C = native()
+        warning = ""
+        try:
+            warning = C.stop()
+        finally:
+            self._patches.undo()
+        if warning:
+            self._note(warning)
+        raw = np.asarray(C.events()).view(EVENT_DTYPE)
+        dropped = int(C.dropped())
+        threads = [{"index": i, "tid": tid, "name": name} for i, tid, name in C.threads()]
+        main = [t["index"] for t in threads if t["tid"] == self.native_tid]
+        self.meta.update(
+            t_stop_ns=int(C.stop_ns()), t_start_ns=int(C.start_ns()), dropped_events=dropped,
+            first_dropped_ns=int(C.first_dropped_ns()) if dropped else None,
+            cpu_threads=C.cpu_all_threads_problem() or "all", dataloader_workers=self.children["dataloader"],
+            child_processes=self.children["other"], steps=self.step, main_thread=main[0] if main else None)
+        self.meta.setdefault("step_source", None)
+        strings = list(C.strings())
+        C.release()
+        rec = self.plan_recorder
+        self.cap.set_recorded(raw, strings, self.meta, threads, list(rec.plans) if rec else [],
+                              list(rec.graphs) if rec else [], list(rec.tensors) if rec else [])
+
+
+def _at_exit() -> None:
+    """Interpreter exit with a capture still open (a `capture()` entered and never left): stop it
+    with a warning line instead of a traceback, then stop every hook for good."""
+    if _active is not None and _active.meta.get("pid") == os.getpid():  # not a forked child's copy
+        print("memprof: warning: a capture was still open at interpreter exit; it was stopped there "
+              "(nothing is saved unless the script saves it)", file=sys.stderr)
+        with contextlib.suppress(Exception):
+            _stop_active()
+    native().shutdown()
+
+
+def _stop_active() -> None:
+    global _active
+    with _lock:
+        rec, _active = _active, None
+    if rec is not None:
+        rec.stop()
+
+
+class _FatalSignals:
+    """SIGTERM and SIGHUP, where they would kill the process outright (their default action), end
+    the block with `Terminated` instead, so the capture is saved; `deliver` then sends the signal
+    again with its default action back. Main thread only; signals with handlers are left alone."""
+
+    def __init__(self) -> None:
+        self._installed: dict[int, Any] = {}
+        self.received: int | None = None
+
+    def __enter__(self) -> _FatalSignals:
+        if threading.current_thread() is threading.main_thread():
+            for name in ("SIGTERM", "SIGHUP"):
+                sig = getattr(signal, name, None)
+                if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+                    self._installed[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received is None:
+            self.received = signum
+            raise Terminated(signum)
+
+    def restore(self) -> None:
+        for sig, handler in self._installed.items():
+            signal.signal(sig, handler)
+        self._installed.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def deliver(self) -> None:
+        if self.received is not None:
+            signal.raise_signal(self.received)
+
+
+def _save(cap: Capture, path: Path) -> None:
+    try:
+        cap.saved_to = cap.save(path)
+    except OSError as exc:
+        raise SaveError(f"the capture could not be written to {path}: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
+            meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
+            knapsack_evaluator: bool = False) -> Iterator[Capture]:
+    """`capture()` with memprof's own options (`knapsack_evaluator`: the sweep's measurements)."""
+    global _active
+    if scopes not in SCOPE_BITS:
+        raise MemprofError(f"scopes must be one of {sorted(SCOPE_BITS)}, got {scopes!r}")
+    if max_events <= 0:
+        raise MemprofError(f"max_events must be positive, got {max_events}")
+    out = resolve(output) if output is not None else None  # a chdir in the block must not move it
+    cap = Capture(meta=dict(meta or {}))
+    rec = Recorder(cap, max_events, scopes, kernels, plans, knapsack_evaluator)
+    with _lock:
+        if _active is not None:
+            raise MemprofError("a memprof capture is already active in this process")
+        rec.start()
+        _active = rec
+    signals = _FatalSignals()
+    ended: BaseException | None = None
+    try:
+        with signals:
+            yield cap
+    except BaseException as exc:
+        ended = exc
+        raise
+    finally:
+        signals.restore()
+        if _active is rec:
+            _stop_active()
+        result = outcome(ended)
+        cap.note_outcome(result.status, result.exit_code, result.error)
+        if out is not None and not cap.recording:
+            try:
+                _save(cap, out)
+            except SaveError as exc:
+                if ended is None:
+                    raise
+                print(f"memprof: error: {exc}", file=sys.stderr)  # the block's own exception goes on
+        signals.deliver()
+
+
+@contextlib.contextmanager
+def capture(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
+            meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None) -> Iterator[Capture]:
+    """Capture every allocation and free (CPU on every thread; CUDA on this thread and its autograd
+    threads, and through the allocator tracker on others).
+
+    `scopes` picks the RecordFunction scopes recorded: "ops" (every aten op, autograd node and,
+    with `kernels`, each Triton kernel launch), "graphs" (compiled-graph calls and user
+    record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
+    open a scope for each compiled graph call and kernel launch. `plans` records what
+    torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
+    Inductor's caches are off meanwhile) for `Capture.attribution`. The yielded `Capture` is
+    filled when the block exits, also when it exits by an exception. With `output`, it is also
+    saved there (atomically) however the block exits: an exception, an OOM, `sys.exit`, Ctrl-C or
+    SIGTERM/SIGHUP; a file that cannot be written raises `SaveError` (after a normal exit) or is
+    one stderr line (when the block's own exception is on its way out).
+    """
+    with session(max_events=max_events, scopes=scopes, kernels=kernels, plans=plans, meta=meta,
+                 output=output) as cap:
+        yield cap
+
+
+def step() -> int:
+    """Mark the end of a training step in the active capture; returns the step number (0 if none).
+
+    Once a script calls `memprof.step()`, optimizer steps no longer add markers of their own.
+    """
+    rec = _active
+    if rec is None:
+        return 0
+    rec.explicit_steps = True
+    return rec.mark_step(source="memprof.step")
+
+
+def active() -> bool:
+    """Whether a capture is running in this process."""
+    return _active is not None

@@ -1,0 +1,203 @@
+"""Reading FX nodes without changing them: op names, random ops, sizes (never guarded), views,
+mutations, module paths and fallback-kernel calls. Public helpers for the plan recorder and
+the remat pass's FX adapter."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from memprof.plans import module_path
+
+RANDOM_OPS = re.compile(
+    r"^(rand|randn|randint|rand_like|randn_like|randint_like|randperm|bernoulli_?|normal_?|uniform_?|"
+    r"exponential_?|geometric_?|cauchy_?|log_normal_?|multinomial|poisson|native_dropout|dropout|"
+    r"feature_dropout|alpha_dropout|inductor_random|inductor_seeds|inductor_lookup_seed|philox_rand|"
+    r"run_and_save_rng_state)$"
+)
+
+
+def op_name(target: Any) -> str:
+    """An op's short name (`mm`, `native_dropout`, `getitem`)."""
+    name = getattr(target, "_opname", None)
+    if isinstance(name, str):
+        return name
+    return getattr(target, "__name__", str(target))
+
+
+def is_random_node(node: Any) -> bool:
+    """Whether an FX node draws random numbers (so recomputing it redraws them)."""
+    import torch
+
+    if node.op != "call_function":
+        return False
+    name = op_name(node.target)
+    if name == "run_with_rng_state":  # replays saved RNG state: deterministic
+        return False
+    if RANDOM_OPS.match(name):
+        return True
+    tags = getattr(node.target, "tags", ())
+    if torch.Tag.nondeterministic_seeded in tags:
+        # SDPA kernels carry the tag even without dropout: random only when dropout_p > 0
+        schema = getattr(node.target, "_schema", None)
+        if schema is not None:
+            names = [a.name for a in schema.arguments]
+            if "dropout_p" in names:
+                i = names.index("dropout_p")
+                p = node.kwargs.get("dropout_p", node.args[i] if i < len(node.args) else 0.0)
+                return not (isinstance(p, (int, float)) and p == 0)
+        return True
+    return False
+
+
+def size_hint(x: Any) -> int | None:
+    """A size as an int without adding a guard: a plain int as is, a symbolic size's hint (its
+    value in the example inputs the graph was traced with), None when it has none (unbacked).
+
+    `int()` on a SymInt would specialize the graph on that value (a guard such as
+    `Eq(128*s27, 1280)`), so a dynamic-shape graph would recompile for every size; memprof must
+    never change what Dynamo compiles.
+    """
+    if type(x) is int:
+        return x
+    node: Any = getattr(x, "node", None)
+    hint = getattr(node, "_hint", None)
+    if type(hint) is int:
+        return hint
+    shape_env = getattr(node, "shape_env", None)
+    if shape_env is None:
+        return None
+    try:  # ShapeEnv.size_hint adds no guard
+        value = shape_env.size_hint(node.expr, allow_none=True)
+    except Exception:
+        return None
+    try:
+        return None if value is None else int(value)  # a sympy Integer
+    except (TypeError, ValueError):
+        return None
+
+
+def tensor_bytes(val: Any) -> int:
+    """Bytes of the tensors in a node's value; a symbolic size counts at its hint (the traced
+    example's value, read without adding a guard), a size without a hint counts nothing."""
+    import torch
+
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    total = 0
+    for v in vals:
+        if isinstance(v, torch.Tensor):
+            try:
+                total += size_hint(v.numel() * v.element_size()) or 0
+            except Exception:
+                continue
+    return total
+
+
+def numel(val: Any) -> int:
+    """Elements of a tensor value at its size hint (0 for anything else)."""
+    import torch
+
+    if isinstance(val, torch.Tensor):
+        try:
+            return size_hint(val.numel()) or 0
+        except Exception:
+            return 0
+    return 0
+
+
+def value_info(val: Any) -> tuple[list[int] | None, str | None, int | None, str]:
+    """Shape, dtype and bytes of a node's value (bytes summed over tuple outputs), and its byte
+    count as a symbolic expression ("" when static). Symbolic sizes give shape and bytes None and
+    never add a guard (`size_hint`)."""
+    import torch
+
+    vals = val if isinstance(val, (list, tuple)) else [val]
+    tensors = [v for v in vals if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return None, None, None, ""
+    static = 0  # bytes of the tensors of static size
+    known = True  # every size known (no symbolic or unreadable one)
+    exprs: list[str] = []
+    for t in tensors:
+        try:
+            nbytes = t.numel() * t.element_size()
+        except Exception:
+            known = False
+            continue
+        if type(nbytes) is int:
+            static += nbytes
+        else:  # str() of a SymInt reads its expression without guarding on it
+            known = False
+            exprs.append(str(nbytes))
+    first = tensors[0]
+    dims = list(first.shape)
+    shape: list[int] | None = [int(d) for d in dims] if all(type(d) is int for d in dims) else None
+    expr = " + ".join(exprs + ([str(static)] if static else [])) if exprs else ""
+    return shape, str(first.dtype).replace("torch.", ""), static if known else None, expr
+
+
+def node_module_path(node: Any) -> str:
+    """The module path of the innermost nn.Module a node was traced in ("" if unknown)."""
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    if not stack:
+        return ""
+    last = list(stack.values())[-1]
+    return module_path(str(last[0] if isinstance(last, tuple) else last))
+
+
+def is_view(target: Any) -> bool:
+    """Whether an op returns a view of its input (its schema's first return aliases, read-only)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not schema.returns:
+        return False
+    info = schema.returns[0].alias_info
+    return info is not None and not info.is_write
+
+
+def mutates(target: Any) -> bool:
+    """Whether an op writes any argument (an op without a schema counts as mutating)."""
+    schema = getattr(target, "_schema", None)
+    if schema is None:
+        return True
+    return bool(getattr(schema, "is_mutable", False)) or any(
+        a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+class _NoSpec(Exception):
+    pass
+
+
+def _encode_arg(a: Any) -> Any:
+    import torch
+
+    if isinstance(a, torch.fx.Node):
+        v = a.meta.get("val")
+        if not isinstance(v, torch.Tensor):
+            raise _NoSpec
+        dims = [*v.shape, *v.stride(), v.storage_offset()]
+        if not all(type(x) is int for x in dims):  # symbolic: never specialize it here
+            raise _NoSpec
+        return {"t": [list(v.shape), list(v.stride()), str(v.dtype).removeprefix("torch."), str(v.device),
+                      v.storage_offset()]}
+    if isinstance(a, (list, tuple)):
+        return {"l": [_encode_arg(x) for x in a]}
+    if a is None or type(a) in (bool, int, float, str):
+        return a
+    if isinstance(a, torch.dtype):
+        return {"dtype": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.device):
+        return {"device": str(a)}
+    raise _NoSpec
+
+
+def call_spec(node: Any) -> str:
+    """A fallback kernel's call as JSON (op, tensor arguments as [shape, stride, dtype, device,
+    storage offset], constants), or "" when an argument is symbolic or not plain data."""
+    target = node.target
+    try:
+        op = f"{target.name()}.{target._overloadname}"
+        return json.dumps({"op": op, "args": [_encode_arg(a) for a in node.args],
+                           "kwargs": {k: _encode_arg(v) for k, v in node.kwargs.items()}})
+    except (_NoSpec, AttributeError, TypeError, ValueError):
+        return ""

@@ -1,0 +1,146 @@
+"""Inductor's code generation, observed: for every graph `_compile_fx_inner` compiles, the FX
+nodes behind each buffer (from the scheduler, at `GraphLowering.codegen`) and Inductor's own peak
+estimates (`estimate_peak_memory`, as torch computes it and with graph outputs kept live), handed
+to a sink with the compiled result. Also the partitioner's knapsack calls, for KnapsackEvaluator."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from memprof.errors import one_line
+from memprof.torch_hooks.patch import Patches
+
+
+class GraphSink(Protocol):
+    active: bool
+
+    def graph_compiled(self, result: Any, kwargs: dict[str, Any], origins: list[dict[str, list[str]]],
+                       estimates: list[tuple[int, int | None]]) -> None:
+        """A graph compiled: its buffers' FX nodes per code generation, and Inductor's estimates
+        (as torch computes them, and with outputs kept live; None where that failed)."""
+
+    def error(self, text: str) -> None:
+        """Something was not recorded (said once per text)."""
+
+
+def buffer_origins(graph: Any) -> dict[str, list[str]]:
+    """Buffer name -> the FX nodes it computes (in graph order), from Inductor's scheduler."""
+    order = {n.name: i for i, n in enumerate(graph.orig_gm.graph.nodes)}
+    out: dict[str, list[str]] = {}
+    for snode in graph.scheduler.nodes:
+        for sub in snode.get_nodes():
+            node = getattr(sub, "node", None)
+            origins = getattr(node, "origins", None) or ()
+            names = sorted({o.name for o in origins}, key=lambda s: (order.get(s, 1 << 30), s))
+            for buf in sub.get_outputs():
+                out[buf.get_name()] = names
+    return out
+
+
+def peak_outputs_kept(memory: Any, nodes: Any, name_to_freeable_input_buf: Any, graph_outputs: Any,
+                      *args: Any, **kwargs: Any) -> int:
+    """Inductor's buffer timeline for a scheduled graph, peaked with graph outputs live to the end
+    (torch 2.11's `estimate_peak_memory` frees them at step 0; 2.13 keeps them)."""
+    infos, _steps, _last = memory.compute_memory_timeline(nodes, name_to_freeable_input_buf, graph_outputs)
+    delta = [0] * (len(nodes) + 2)
+    for b in infos:
+        delta[b.start_step] += b.size_alloc
+        if b.end_step != -1:
+            delta[b.end_step + 1] -= b.size_free
+    live = peak = 0
+    for d in delta:
+        live += d
+        peak = max(peak, live)
+    return peak
+
+
+def install_graph_hooks(patches: Patches, sink: GraphSink) -> None:
+    """Observe every graph Inductor compiles until `patches` is undone."""
+    import torch._inductor.compile_fx as compile_fx
+    import torch._inductor.memory as inductor_memory
+    from torch._inductor.graph import GraphLowering
+
+    local = threading.local()  # per compiling thread: a stack of (origins, estimates) per compile
+    original_codegen = GraphLowering.codegen
+    original_estimate = inductor_memory.estimate_peak_memory
+    original_inner = compile_fx._compile_fx_inner
+
+    def codegen(graph: Any) -> Any:
+        result = original_codegen(graph)
+        stack = getattr(local, "stack", None)
+        if sink.active and stack:
+            try:
+                stack[-1][0].append(buffer_origins(graph))
+            except Exception as exc:
+                sink.error(f"buffer origins not recorded ({one_line(exc)})")
+        return result
+
+    def estimate_peak_memory(*args: Any, **kwargs: Any) -> Any:
+        # called for each order reorder_for_peak_memory tries; recorded as torch computes it (2.11
+        # cancels graph outputs: docs/sweep.md) and recomputed with outputs live to the end
+        result = original_estimate(*args, **kwargs)
+        stack = getattr(local, "stack", None)
+        if stack:
+            kept: int | None = None
+            with contextlib.suppress(Exception):
+                kept = peak_outputs_kept(inductor_memory, *args, **kwargs)
+            with contextlib.suppress(Exception):
+                stack[-1][1].append((int(result[0]), kept))
+        return result
+
+    def compile_inner(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        stack = local.__dict__.setdefault("stack", [])
+        stack.append(([], []))
+        try:
+            result = original_inner(gm, example_inputs, *args, **kwargs)
+        finally:
+            origins, estimates = stack.pop()
+        if sink.active:
+            try:
+                sink.graph_compiled(result, kwargs, origins, estimates)
+            except Exception as exc:
+                sink.error(f"compiled graph not recorded ({one_line(exc)})")
+        return result
+
+    compile_inner.__wrapped__ = original_inner  # type: ignore[attr-defined]
+    patches.set("torch._inductor.graph", "GraphLowering.codegen", codegen)
+    patches.set("torch._inductor.memory", "estimate_peak_memory", estimate_peak_memory)
+    patches.set("torch._inductor.compile_fx", "_compile_fx_inner", compile_inner)
+
+
+KnapsackCall = tuple[float, Any, list[float], list[float], list[Any], list[int], list[int]]
+
+
+def install_knapsack_hook(patches: Patches, on_call: Callable[[KnapsackCall], None]) -> None:
+    """Every knapsack the partitioner solves: (max memory, joint graph, memories, runtimes,
+    candidates, saved indices, recomputed indices), to `on_call`."""
+    import torch._functorch.partitioners as P
+
+    original = P._optimize_runtime_with_given_memory
+
+    def optimize(joint_graph: Any, memory: Any, runtimes: Any, max_memory: float, node_info: Any,
+                 candidates: Any) -> Any:
+        result = original(joint_graph, memory, runtimes, max_memory, node_info, candidates)
+        on_call((float(max_memory), joint_graph, list(memory), list(runtimes), list(candidates),
+                 list(result[1]), list(result[2])))
+        return result
+
+    patches.set("torch._functorch.partitioners", "_optimize_runtime_with_given_memory", optimize)
+
+
+def knapsack_evaluator_peak(call: KnapsackCall) -> float:
+    """The partitioner's in-tree `KnapsackEvaluator` peak for the knapsack's own choice (its
+    backward simulation; in the knapsack's normalized memory units, so only its ranking compares)."""
+    from torch._functorch._activation_checkpointing.graph_info_provider import GraphInfoProvider
+    from torch._functorch._activation_checkpointing.knapsack_evaluator import KnapsackEvaluator
+
+    _budget, joint_graph, memory, runtimes, candidates, saved, recomputed = call
+    provider = GraphInfoProvider.inialize_from_graph(
+        joint_graph=joint_graph, all_recomputable_banned_nodes=candidates,
+        recorded_knapsack_input_memories=memory, recorded_knapsack_input_runtimes=runtimes)
+    out = KnapsackEvaluator(graph_info_provider=provider).evaluate_knapsack_output(
+        saved_nodes_idxs=saved, recomputable_node_idxs=recomputed, account_for_backward_pass=True)
+    return float(out["peak_memory"])

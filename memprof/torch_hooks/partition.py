@@ -1,0 +1,211 @@
+"""The one partitioner chain: every forward/backward partition torch.compile makes while memprof
+is active runs through `run`, where the plan recorder observes and the remat pass transforms.
+
+Inductor takes its partitioner from `torch._inductor.config.custom_partitioner_fn`, every other
+AOTAutograd backend from its `partition_fn`; the chain wraps both once, however many memprof
+features are active, and removes itself when the last one ends (in any order). The chain:
+- runs the user's partitioner (the stock min-cut one when none is set), through the innermost
+  active transform (`transforming`) unless the partitioner is itself one of memprof's own
+  (`Transforming`: `memprof.remat.partitioner(...)`, `memprof.remat.partition_fn(...)`), which
+  applies its pass itself;
+- tells every observer (`observing`) what was partitioned, also when the partitioner failed;
+- keeps Inductor's caches from skipping it: with an observer, its `uuid()` is None and the FX graph
+  cache is off (a hit would skip partitioning and code generation); with only a transform, the
+  key names the transform and memprof's source. AOTAutograd's cache is off while either is active.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from memprof.torch_hooks.patch import Patches, resolve
+
+Partitioner = Callable[..., tuple[Any, Any]]
+# (partitioner, joint graph, joint inputs, partitioner kwargs) -> (forward, backward)
+Transform = Callable[[Partitioner, Any, Any, dict[str, Any]], tuple[Any, Any]]
+
+
+class Transforming:
+    """Base of memprof's own partitioners: the chain runs them as they are (their pass applies
+    once, in their own mode) and only observes."""
+
+
+class PartitionObserver(Protocol):
+    def partition_started(self, joint: Any) -> Any:
+        """Called before a partition; the value returned goes to `partition_done`. Never raises."""
+
+    def partition_done(self, token: Any, fn: Partitioner, backend: str, kwargs: dict[str, Any],
+                       result: tuple[Any, Any] | None) -> None:
+        """Called after it (`result` None: the partitioner raised). Never raises."""
+
+
+_lock = threading.RLock()
+_observers: list[PartitionObserver] = []
+_transforms: list[tuple[str, Transform]] = []  # (cache salt, transform), innermost last
+_patches: Patches | None = None
+_cache_defaults: dict[str, bool] = {}
+
+
+@functools.cache
+def source_hash(salt: str) -> str:
+    """sha256 of `salt` and memprof's Python source (a memprof pass decides from nothing else)."""
+    h = hashlib.sha256(salt.encode())
+    package = Path(__file__).resolve().parent.parent
+    for path in sorted(package.rglob("*.py")):
+        h.update(str(path.relative_to(package)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _stock() -> Partitioner:
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    return min_cut_rematerialization_partition  # type: ignore[no-any-return]
+
+
+def run(inner: Partitioner | None, gm: Any, joint_inputs: Any, backend: str, kwargs: dict[str, Any]) -> Any:
+    """Partition `gm` with `inner` (default: min-cut) through the chain."""
+    fn = inner if inner is not None else _stock()
+    with _lock:
+        observers = list(_observers)
+        transform = _transforms[-1][1] if _transforms and not isinstance(fn, Transforming) else None
+    tokens = [(o, o.partition_started(gm)) for o in observers]
+    result: tuple[Any, Any] | None = None
+    try:
+        result = transform(fn, gm, joint_inputs, kwargs) if transform else fn(gm, joint_inputs, **kwargs)
+    finally:
+        for o, token in tokens:
+            o.partition_done(token, fn, backend, kwargs, result)
+    return result
+
+
+@functools.cache
+def _inductor_class() -> type:
+    from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+    class ChainPartitioner(CustomPartitionerFn):  # type: ignore[misc]
+        """Inductor's `custom_partitioner_fn` while the chain is installed."""
+
+        def __init__(self, inner: Any) -> None:
+            self.inner = inner
+
+        def __call__(self, gm: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+            return run(self.inner, gm, joint_inputs, "inductor", kwargs)
+
+        def __reduce__(self) -> tuple[Any, ...]:  # Inductor pickles its config for cache keys
+            return _inductor_class(), (self.inner,)
+
+        def uuid(self) -> str | None:
+            with _lock:
+                if _observers:
+                    return None  # a recorded compile: no cache may skip it
+                salt = _transforms[-1][0] if _transforms and not isinstance(self.inner, Transforming) else ""
+            inner_id = None
+            if self.inner is not None:
+                inner_id = self.inner.uuid() if hasattr(self.inner, "uuid") else None
+                if inner_id is None:
+                    return None  # an uncacheable partitioner inside: no key at all
+            return source_hash(f"{salt}|{inner_id}")
+
+    return ChainPartitioner
+
+
+class _ChainPartitionFn:
+    """A non-Inductor backend's `partition_fn` through the chain."""
+
+    def __init__(self, inner: Partitioner, backend: str) -> None:
+        self.inner = inner
+        self.backend = backend
+        self.__name__ = getattr(inner, "__name__", type(inner).__name__)
+
+    def __call__(self, joint: Any, joint_inputs: Any, **kwargs: Any) -> Any:
+        return run(self.inner, joint, joint_inputs, self.backend, kwargs)
+
+
+def _aot_call(original: Callable[..., Any]) -> Callable[..., Any]:
+    from torch._dynamo.backends.common import AotAutograd
+    from torch._functorch.partitioners import default_partition
+
+    def call(backend: Any, gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        fn = backend.kwargs.get("partition_fn", default_partition)
+        module = getattr(getattr(fn, "func", fn), "__module__", "") or ""
+        with _lock:
+            idle = not _observers and not _transforms
+        if idle or module.startswith("torch._inductor") or isinstance(fn, _ChainPartitionFn):
+            return original(backend, gm, example_inputs, **kwargs)  # Inductor's own: custom_partitioner_fn
+        name = getattr(backend.kwargs.get("fw_compiler"), "__name__", "aot")
+        label = "aot_eager" if name in ("boxed_nop", "nop") else f"aot_autograd({name})"
+        clone = AotAutograd(**{**backend.kwargs, "partition_fn": _ChainPartitionFn(fn, label)})
+        return original(clone, gm, example_inputs, **kwargs)
+
+    return call
+
+
+_CACHE_FLAGS = (("torch._inductor.config", "force_disable_caches"),
+                ("torch._functorch.config", "enable_autograd_cache"))
+
+
+def _refresh() -> None:
+    """Install the chain for the first user, remove it after the last; set the cache flags."""
+    global _patches
+    if (_observers or _transforms) and _patches is None:
+        import torch._inductor.config as inductor_config
+        from torch._dynamo.backends.common import AotAutograd
+
+        patches = Patches()
+        try:
+            patches.set("torch._inductor.config", "custom_partitioner_fn",
+                        _inductor_class()(inductor_config.custom_partitioner_fn))
+            patches.set("torch._dynamo.backends.common", "AotAutograd.__call__", _aot_call(AotAutograd.__call__))
+            for module, name in _CACHE_FLAGS:
+                obj, attr = resolve(module, name)
+                _cache_defaults[name] = bool(getattr(obj, attr))
+                patches.set(module, name, getattr(obj, attr))
+        except BaseException:
+            patches.undo()
+            raise
+        _patches = patches
+    elif not (_observers or _transforms) and _patches is not None:
+        patches, _patches = _patches, None
+        patches.undo()
+        return
+    if _patches is not None:
+        wanted = {"force_disable_caches": _cache_defaults["force_disable_caches"] or bool(_observers),
+                  "enable_autograd_cache": _cache_defaults["enable_autograd_cache"] and not (_observers or _transforms)}
+        for module, name in _CACHE_FLAGS:
+            obj, attr = resolve(module, name)
+            setattr(obj, attr, wanted[name])
+
+
+@contextlib.contextmanager
+def _joined(items: list[Any], item: Any) -> Iterator[None]:
+    with _lock:
+        items.append(item)
+        try:
+            _refresh()
+        except BaseException:
+            items.remove(item)
+            raise
+    try:
+        yield
+    finally:
+        with _lock:
+            items.remove(item)
+            _refresh()
+
+
+def observing(observer: PartitionObserver) -> contextlib.AbstractContextManager[None]:
+    """Within: `observer` sees every partition (Inductor's FX graph cache and AOTAutograd's are off)."""
+    return _joined(_observers, observer)
+
+
+def transforming(salt: str, transform: Transform) -> contextlib.AbstractContextManager[None]:
+    """Within: every partition runs through `transform` (the innermost one, when blocks nest);
+    `salt` names it in Inductor's cache key."""
+    return _joined(_transforms, (salt, transform))

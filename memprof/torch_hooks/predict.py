@@ -1,0 +1,244 @@
+"""What a budget prediction (`memprof sweep --predict`) changes in torch while the script runs:
+kernels compiled only when first called, compiled graphs run op by op, several budgets sharing one
+AOTAutograd stage (and one run of the joint-graph passes), and the first backward call stopping
+the script. Each is undone with the `Patches` it was installed with."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
+
+from memprof.errors import one_line
+from memprof.torch_hooks.patch import Patches
+
+
+class Book(Protocol):
+    """The prediction's bookkeeping that `share_joint_graph` reports into."""
+
+    errors: dict[float, str]
+    shared_seconds: float
+
+    def compiling(self, budget: float) -> contextlib.AbstractContextManager[None]: ...
+
+
+class LazyKernel:
+    """A kernel Inductor asked for, compiled at its first call (or attribute read) instead: in a
+    prediction most are never called (the backward's, every kernel of the budgets compiled beside
+    the one the script runs with)."""
+
+    def __init__(self, compile_kernel: Callable[[], Any], name: str) -> None:
+        self._compile = compile_kernel
+        self._kernel: Any = None
+        self.name = name
+
+    @property
+    def is_compiled(self) -> bool:
+        return self._kernel is not None
+
+    def kernel(self) -> Any:
+        if self._kernel is None:
+            k = self._compile()
+            self._kernel = k.result() if callable(getattr(k, "result", None)) else k  # a pool's future
+        return self._kernel
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.kernel()(*args, **kwargs)
+
+    def run(self, *args: Any, **kwargs: Any) -> Any:
+        return self.kernel().run(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.kernel(), name)
+
+
+def lazy_kernels(patches: Patches, made: list[LazyKernel]) -> None:
+    """Inductor's kernel compilers (`AsyncCompile.triton`, `.cpp`, `.cpp_pybinding`) return a
+    `LazyKernel`, compiled when first called; each is appended to `made`."""
+    import functools
+
+    from torch._inductor.async_compile import AsyncCompile
+
+    def deferred(kind: str, compile_now: Callable[..., Any]) -> Callable[..., LazyKernel]:
+        def compile_later(self: Any, *args: Any, **kwargs: Any) -> LazyKernel:
+            name = args[0] if kind == "triton" and args and isinstance(args[0], str) else kind
+            made.append(LazyKernel(functools.partial(compile_now, self, *args, **kwargs), str(name)))
+            return made[-1]
+
+        return compile_later
+
+    for k in ("triton", "cpp", "cpp_pybinding"):
+        if k in AsyncCompile.__dict__:
+            patches.set("torch._inductor.async_compile", f"AsyncCompile.{k}", deferred(k, AsyncCompile.__dict__[k]))
+
+
+def graph_copy(gm: Any) -> Any:
+    """A GraphModule copied as AOTAutograd copies its backward: nodes copied, their metadata shared."""
+    import copy
+
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return copy.deepcopy(gm)
+
+
+class EagerRun:
+    """Runs a compiled graph as its FX graph, op by op (Inductor's boxed calling convention: one
+    list of inputs, cleared once they are consumed); falls back to the compiled code if that fails."""
+
+    def __init__(self, graph: Any, compiled: Callable[[list[Any]], Any], note: Callable[[str], None]) -> None:
+        self.graph: Any = graph
+        self.compiled = compiled
+        self.note = note
+        self.eager_calls = 0
+
+    def __call__(self, inputs: list[Any]) -> Any:
+        if self.graph is not None:
+            try:
+                out = self.graph(*inputs)
+            except Exception as exc:
+                self.note(f"a compiled graph ran its compiled code: its op-by-op run failed ({one_line(exc)})")
+                self.graph = None
+            else:
+                self.eager_calls += 1
+                inputs.clear()
+                return out
+        return self.compiled(inputs)
+
+
+def eager_runs(patches: Patches, made: list[EagerRun], note: Callable[[str], None]) -> None:
+    """Each graph Inductor compiles (`_compile_fx_inner`, every pass and the code generation
+    as usual) is run op by op by an `EagerRun` of its graph as given (copied before Inductor's passes
+    change it in place), appended to `made`. A graph that cannot be copied runs its compiled code."""
+    import torch._inductor.compile_fx as compile_fx
+
+    inner = compile_fx._compile_fx_inner
+
+    def compile_run_eager(gm: Any, example_inputs: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            eager = graph_copy(gm)
+        except Exception as exc:
+            note(f"a compiled graph runs its compiled code: not copied ({one_line(exc)})")
+            eager = None
+        compiled: Any = inner(gm, example_inputs, *args, **kwargs)
+        if eager is not None and callable(getattr(compiled, "current_callable", None)):
+            made.append(EagerRun(eager, compiled.current_callable, note))
+            compiled.current_callable = made[-1]
+        return compiled
+
+    compile_run_eager.__wrapped__ = inner  # type: ignore[attr-defined]
+    patches.set("torch._inductor.compile_fx", "_compile_fx_inner", compile_run_eager)
+
+
+def copies(aot_state: Any, capture: Any) -> tuple[Any, Any]:
+    """An AOTState and AOTGraphCapture for one more partition of the same joint graph: the graph
+    copied as AOTAutograd copies its backward (node metadata shared, not copied), the metadata's
+    containers copied (partitioning writes into them), the inputs' lists copied."""
+    import copy
+    import dataclasses
+
+    gm = graph_copy(capture.graph_module)
+    args = capture.updated_flat_args
+    args = tuple(list(a) for a in args) if isinstance(args, tuple) else list(args)
+    meta = copy.copy(aot_state.fw_metadata)
+    for k, v in vars(meta).items():
+        if isinstance(v, dict | list | set):
+            object.__setattr__(meta, k, copy.copy(v))
+    return dataclasses.replace(aot_state, fw_metadata=meta), dataclasses.replace(capture, graph_module=gm,
+                                                                                 updated_flat_args=args)
+
+
+def sharing_available() -> bool:
+    """Whether this torch has the stage that several budgets can share a process through."""
+    try:
+        import torch._functorch._aot_autograd.graph_compile as graph_compile
+        from torch._inductor.async_compile import AsyncCompile
+    except ImportError:
+        return False
+    return callable(getattr(graph_compile, "aot_stage2_autograd", None)) and hasattr(AsyncCompile, "triton")
+
+
+def share_joint_graph(patches: Patches, book: Book, first: float, others: Sequence[float]) -> None:
+    """AOTAutograd's partition-and-compile stage compiles `others` before `first`, each from a copy
+    of the same joint graph."""
+    import torch._functorch._aot_autograd.graph_compile as graph_compile
+    import torch._functorch.config as functorch_config
+
+    original = graph_compile.aot_stage2_autograd
+
+    # torch 2.11: (aot_state, aot_graph_capture); 2.13 adds partition_fn, fw_compiler, bw_compiler
+    def stage2(aot_state: Any, capture: Any, *rest: Any, **kwargs: Any) -> Any:
+        with _joint_passes_once(book, reuse=bool(others)) as next_budget:
+            for b in others:
+                if b in book.errors:
+                    continue  # failed in an earlier region: its prediction is lost anyway
+                next_budget()
+                with book.compiling(b):
+                    try:
+                        state, cap = copies(aot_state, capture)
+                        with functorch_config.patch(activation_memory_budget=b):
+                            original(state, cap, *rest, **kwargs)
+                    except Exception as exc:
+                        book.errors[b] = one_line(exc)
+            next_budget()
+            with book.compiling(first):
+                return original(aot_state, capture, *rest, **kwargs)
+
+    patches.set("torch._functorch._aot_autograd.graph_compile", "aot_stage2_autograd", stage2)
+
+
+@contextlib.contextmanager
+def _joint_passes_once(book: Book, reuse: bool) -> Iterator[Callable[[], None]]:
+    """Within (one compiled region, its budgets in turn): Inductor's joint-graph passes run for the
+    first budget only; every later one gets a copy of what they made, call by call (the same joint
+    graph, and passes that do not depend on the budget; with `reuse` False, one budget alone, nothing
+    is kept). Yields `next_budget`, called before each budget. The passes' seconds go to
+    `book.shared_seconds`, not to the budget that ran them."""
+    import torch._inductor.compile_fx as compile_fx
+
+    passes = compile_fx._recursive_joint_graph_passes
+    made: list[Any] = []  # the first budget's outputs, in call order (copies: its partitioner changes them)
+    state = {"call": 0, "depth": 0}
+
+    def next_budget() -> None:
+        state["call"] = 0
+
+    def joint_passes_once(gm: Any, *args: Any, **kwargs: Any) -> Any:
+        if state["depth"]:  # a subgraph, inside the passes of its graph
+            return passes(gm, *args, **kwargs)
+        i = state["call"]
+        state["call"] += 1
+        t0 = time.perf_counter()
+        try:
+            if i < len(made):
+                return graph_copy(made[i])
+            state["depth"] += 1
+            try:
+                out = passes(gm, *args, **kwargs)
+            finally:
+                state["depth"] -= 1
+            if reuse and i == len(made):
+                made.append(graph_copy(out))
+            return out
+        finally:
+            book.shared_seconds += time.perf_counter() - t0
+
+    joint_passes_once.__wrapped__ = passes  # type: ignore[attr-defined]
+    with Patches() as patches:
+        patches.set("torch._inductor.compile_fx", "_recursive_joint_graph_passes", joint_passes_once)
+        yield next_budget
+
+
+
+
+def stop_at_backward(patches: Patches, stop: type[BaseException]) -> None:
+    """`Tensor.backward` and `torch.autograd.backward` raise `stop`: the first backward call ends
+    the script (not `torch.autograd.grad`: AOTAutograd traces the joint graph with it)."""
+    def raise_stop(*_a: Any, **_k: Any) -> Any:
+        raise stop()
+
+    patches.set("torch", "Tensor.backward", raise_stop)
+    patches.set("torch.autograd", "backward", raise_stop)

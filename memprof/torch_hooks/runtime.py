@@ -1,0 +1,100 @@
+"""What a capture hooks at run time, outside torch.compile: Inductor's per-kernel scopes (the
+profiler flag), torch.profiler starting, optimizer steps, Python's garbage collector, processes
+started with multiprocessing and Dynamo's recompile-limit message. Each hook is undone with the
+`Patches` it was installed with."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from memprof.torch_hooks.patch import Patches
+
+
+def kernel_scopes(patches: Patches) -> None:
+    """Make Inductor open a RecordFunction scope for each compiled-graph call and kernel launch
+    (it does so only while the autograd profiler flag is set)."""
+    patches.set("torch.autograd.profiler", "_is_profiler_enabled", True)
+
+
+def on_profiler_start(patches: Patches, before: Callable[[], None]) -> None:
+    """Call `before` when torch.profiler starts (before it takes PyTorch's profiler slot)."""
+    import torch.autograd.profiler as autograd_profiler
+
+    original = autograd_profiler._run_on_profiler_start
+
+    def run_on_profiler_start() -> None:
+        before()
+        original()  # type: ignore[no-untyped-call]
+
+    patches.set("torch.autograd.profiler", "_run_on_profiler_start", run_on_profiler_start)
+
+
+def on_optimizer_step(patches: Patches, fn: Callable[[Any], None]) -> None:
+    """Call `fn(optimizer)` after every optimizer step."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        fn(optimizer)
+
+    handle = register_optimizer_step_post_hook(hook)  # type: ignore[no-untyped-call]
+    patches.on_undo(handle.remove)
+
+
+def on_gc(patches: Patches, fn: Callable[[bool], None]) -> None:
+    """Call `fn(True)` at the start and `fn(False)` at the end of every garbage collection."""
+    def callback(phase: str, info: dict[str, Any]) -> None:
+        fn(phase == "start")
+
+    gc.callbacks.append(callback)
+    patches.on_undo(lambda: gc.callbacks.remove(callback))
+
+
+def on_process_start(patches: Patches, fn: Callable[[bool], None]) -> None:
+    """Call `fn(is_dataloader_worker)` for every process started with multiprocessing."""
+    import multiprocessing.process as mp_process
+
+    original_start = mp_process.BaseProcess.start
+
+    def start(proc: Any) -> None:
+        target = getattr(getattr(proc, "_target", None), "__module__", "") or ""
+        fn(target.startswith("torch.utils.data"))
+        original_start(proc)
+
+    patches.set("multiprocessing.process", "BaseProcess.start", start)
+
+
+def on_recompile_limit(patches: Patches, fn: Callable[[str], None]) -> None:
+    """Call `fn(what)` when Dynamo gives up on a frame at its recompile limit (a log handler: reads only)."""
+
+    class RecompileLimit(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if isinstance(record.msg, str) and record.msg.startswith("torch._dynamo hit config."):
+                with contextlib.suppress(Exception):
+                    first = record.getMessage().splitlines()
+                    where = next((ln.strip() for ln in first if ln.strip().startswith("function:")), "")
+                    fn(f"{first[0].removeprefix('torch._dynamo hit ')}{', ' + where if where else ''}")
+
+    handler = RecompileLimit(logging.WARNING)
+    dynamo_log = logging.getLogger("torch._dynamo.convert_frame")
+    dynamo_log.addHandler(handler)
+    patches.on_undo(lambda: dynamo_log.removeHandler(handler))
+
+
+def cuda_live_blocks() -> dict[str, list[list[int]]]:
+    """(ptr, bytes) of every CUDA caching-allocator block in use (no allocation history needed)."""
+    import torch
+
+    out: dict[str, list[list[int]]] = {}
+    try:
+        for seg in torch.cuda.memory_snapshot():  # type: ignore[no-untyped-call]
+            dev = f"cuda:{int(seg.get('device', 0))}"
+            for block in seg.get("blocks", []):
+                if block.get("state") == "active_allocated":
+                    out.setdefault(dev, []).append([int(block["address"]), int(block["size"])])
+    except Exception:  # an allocator backend without snapshots: bytes stay "before the capture"
+        return {}
+    return out

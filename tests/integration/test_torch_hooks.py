@@ -1,0 +1,111 @@
+"""The seam to torch's internals: every replacement memprof makes is declared, and every one is
+restored after a capture, a remat block or a prediction run, whatever order they end in."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import memprof
+import memprof.remat
+from memprof.torch_hooks.patch import TARGETS, Patches, current, resolve
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _state() -> dict[tuple[str, str], Any]:
+    return {t: current(*t) for t in TARGETS}
+
+
+def _assert_restored(before: dict[tuple[str, str], Any]) -> None:
+    after = _state()
+    changed = [f"{m}.{p}" for (m, p), v in before.items() if after[(m, p)] is not v]
+    assert not changed, f"not restored: {changed}"
+
+
+def _step(backend: str) -> None:
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.AdamW(model.parameters())
+    fn = torch.compile(model, backend=backend)
+    fn(torch.randn(8, 16)).sum().backward()
+    opt.step()
+
+
+def test_every_target_resolves() -> None:
+    for module, path in TARGETS:
+        if path.startswith("AsyncCompile.cpp_pybinding"):
+            continue  # not in every torch
+        obj, name = resolve(module, path)
+        assert hasattr(obj, name), f"{module}.{path}"
+
+
+def test_an_undeclared_patch_is_refused() -> None:
+    with pytest.raises(AssertionError, match="not a declared patch target"), Patches() as p:
+        p.set("torch", "matmul", None)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_capture_and_remat_restore_every_patched_symbol(backend: str) -> None:
+    before = _state()
+    with memprof.capture() as cap:
+        _step(backend)
+    assert cap.plans
+    _assert_restored(before)
+    with memprof.remat.enable("light"):
+        _step(backend)
+    _assert_restored(before)
+    with memprof.remat.enable("light"), memprof.capture() as cap:
+        _step(backend)
+    assert cap.plans and cap.plans[0].remat is not None
+    _assert_restored(before)
+
+
+def test_blocks_ending_out_of_order_restore_everything() -> None:
+    before = _state()
+    remat_block = memprof.remat.enable("all")
+    capture_block = memprof.capture()
+    remat_block.__enter__()
+    cap = capture_block.__enter__()
+    _step("aot_eager")
+    remat_block.__exit__(None, None, None)  # the remat block ends first, inside the capture
+    _step("aot_eager")
+    capture_block.__exit__(None, None, None)
+    _assert_restored(before)
+    assert [p.remat is not None for p in cap.plans] == [True, False]
+
+
+def test_a_failing_partitioner_restores_everything() -> None:
+    before = _state()
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a partitioner that fails")
+
+    from torch._dynamo.backends.common import aot_autograd
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=broken)
+    with contextlib.suppress(Exception), memprof.capture():
+        torch._dynamo.reset()
+        torch.compile(torch.nn.Linear(4, 4), backend=backend)(torch.randn(2, 4)).sum().backward()
+    _assert_restored(before)
+
+
+def test_predict_restores_every_patched_symbol() -> None:
+    from memprof.sweep.predict import predict
+
+    before = _state()
+    saved = sys.path[:]
+    sys.path.insert(0, str(ROOT / "tests"))
+    try:
+        torch._dynamo.reset()
+        out = predict(ROOT / "tests" / "sweep_train.py", ["--layers", "1", "--d", "32", "--seq", "16",
+                                                           "--steps", "1"], [0.0, 1.0], None)
+    finally:
+        sys.path[:] = saved
+    assert [o["meta"]["status"] for o in out] == ["completed", "completed"]
+    _assert_restored(before)
