@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <stdexcept>
+#include <utility>
 
 #include "capture.h"
 #include "events.h"
@@ -61,6 +62,28 @@ py::dict event_layout() {
   return d;
 }
 
+// Event kinds and RecordFunction scope sets as the core defines them (Python keeps copies:
+// memprof._events.Kind and memprof.recorder.SCOPE_BITS; a test checks they agree).
+py::dict constants() {
+  using namespace memprof;
+  py::dict kinds;
+  const std::pair<const char*, EventKind> all[] = {
+      {"ALLOC", kAlloc}, {"FREE", kFree}, {"SCOPE_BEGIN", kScopeBegin}, {"SCOPE_END", kScopeEnd},
+      {"STEP", kStep}, {"CUDA_ALLOC", kCudaAlloc}, {"CUDA_FREE_REQUESTED", kCudaFreeRequested},
+      {"CUDA_FREE_COMPLETED", kCudaFreeCompleted}, {"SEGMENT_ALLOC", kSegmentAlloc},
+      {"SEGMENT_FREE", kSegmentFree}, {"SEGMENT_MAP", kSegmentMap}, {"SEGMENT_UNMAP", kSegmentUnmap},
+      {"OOM", kOom}, {"MARK", kMark}};
+  for (const auto& [name, kind] : all) kinds[name] = static_cast<int>(kind);
+  py::dict scopes;
+  scopes["function"] = static_cast<unsigned>(kScopeFunction);
+  scopes["backward"] = static_cast<unsigned>(kScopeBackward);
+  scopes["user"] = static_cast<unsigned>(kScopeUser);
+  py::dict d;
+  d["kinds"] = kinds;
+  d["scope_bits"] = scopes;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -96,6 +119,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("mark", [](const std::string& label) { memprof::mark(label); });
   m.def("now_ns", &memprof::now_ns);
   m.def("event_layout", &event_layout);
+  m.def("constants", &constants);
   m.def("cuda_built", &memprof::cuda_built);
   m.def("attach_cuda_tracker", &memprof::attach_cuda_tracker);
   m.def("cuda_tracker_attached", &memprof::cuda_tracker_attached);

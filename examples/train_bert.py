@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--no-optimizer", action="store_true",
                         help="forward+backward only, gradients kept allocated between steps "
-                        "(zero_grad(set_to_none=False)): the measurement of shared/reference")
+                        "(zero_grad(set_to_none=False)): the paper's reference measurement")
     args = parser.parse_args(argv)
 
     size = PAPER if args.paper else SMALL

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="a dynamic-shape loop: step k runs the first seq - 16 (k - 1) tokens")
     parser.add_argument("--no-optimizer", action="store_true",
                         help="forward+backward only, gradients kept allocated between steps "
-                        "(zero_grad(set_to_none=False)): the measurement of shared/reference")
+                        "(zero_grad(set_to_none=False)): the paper's reference measurement")
     args = parser.parse_args(argv)
 
     size = PAPER if args.paper else SMALL

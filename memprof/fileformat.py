@@ -25,7 +25,7 @@ import numpy as np
 
 from memprof._events import EVENT_DTYPE, SEGMENT_KINDS, Kind
 from memprof.errors import CaptureFileError
-from memprof.outputs import atomic_write
+from memprof.outputs import atomic_write, existing_file
 from memprof.plans import CompiledGraph, KnownTensor, Plan
 
 FORMAT_NAME = "memprof"
@@ -257,11 +257,7 @@ def read(path: str | os.PathLike[str]) -> Parts:
 
     Every member is checked before it is used (declared sizes against the file, JSON types, event
     fields in range): a truncated, corrupt or hostile file is refused with one CaptureFileError line."""
-    p = Path(path)
-    if not p.exists():
-        raise CaptureFileError(f"{p}: no such file")
-    if p.is_dir():
-        raise CaptureFileError(f"{p} is a directory, not a capture file")
+    p = existing_file(path, f"{path}: no such file", f"{path} is a directory, not a capture file", CaptureFileError)
     try:
         with zipfile.ZipFile(p) as zf:
             names = set(zf.namelist())

@@ -101,3 +101,14 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
 def write_text(path: Path, text: str) -> Path:
     """`atomic_write` of a UTF-8 text."""
     return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
+
+
+def existing_file(path: str | os.PathLike[str], missing: str, directory: str,
+                  error: type[MemprofError] = MemprofError) -> Path:
+    """`path` when it is an existing file; else `error` with the `missing` or the `directory` message."""
+    p = Path(path)
+    if not p.exists():
+        raise error(missing)
+    if p.is_dir():
+        raise error(directory)
+    return p

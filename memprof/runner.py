@@ -13,17 +13,15 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from memprof.errors import MemprofError, one_line
+from memprof.outputs import existing_file
 
 _PY_SUFFIXES = {".py", ".pyw"}
 
 
 def check_script(script: str) -> Path:
     """The script's path, or a one-line error if it is missing or not a Python file."""
-    path = Path(script)
-    if not path.exists():
-        raise MemprofError(f"script {script} does not exist")
-    if path.is_dir():
-        raise MemprofError(f"script {script} is a directory, not a Python file")
+    path = existing_file(script, f"script {script} does not exist",
+                         f"script {script} is a directory, not a Python file")
     try:
         head = path.read_bytes()[:4096]
     except OSError as exc:

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -8,6 +10,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from _examples import load_example  # noqa: E402  (the one loader of examples/train_<model>.py)
+
+__all__ = ["ROOT", "invoke_memprof", "load_example", "one_line_error", "run_memprof"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -37,3 +43,32 @@ def run_memprof(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str]
     full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     return subprocess.run([sys.executable, "-m", "memprof", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def invoke_memprof(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`memprof ARGS` in this process, through the CLI's own entry point (its one-line errors and
+    exit codes), for commands that run no script: report, export, and bad input that is refused
+    before anything runs. Runs with `cwd` as the working directory."""
+    from memprof.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env = {k: os.environ.get(k) for k in (env or {})}
+    old = Path.cwd()
+    os.chdir(cwd)
+    os.environ.update(env or {})
+    code: int
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                main(list(args))
+                code = 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        os.chdir(old)
+        for k, v in saved_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["memprof", *args], code, out.getvalue(), err.getvalue())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -29,14 +28,8 @@ sys.path.insert(0, str(ROOT))
 import memprof  # noqa: E402
 import memprof.reporters  # noqa: E402
 
-
-def load_example():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("train_llama", ROOT / "examples" / "train_llama.py")
-    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    sys.modules["train_llama"] = mod
-    spec.loader.exec_module(mod)  # type: ignore[union-attr]
-    return mod
-
+sys.path.insert(0, str(ROOT / "tools"))
+from _examples import load_example  # noqa: E402
 
 LAST_CAPTURE: list[memprof.Capture] = []
 
@@ -103,7 +96,7 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def bench(batch: int, rounds: int, block: int) -> list[dict[str, object]]:
-    ex = load_example()
+    ex = load_example("llama")
     import torch._functorch.config as fc
 
     torch._dynamo.reset()

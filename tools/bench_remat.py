@@ -20,7 +20,6 @@ The last output is the table; `--json` writes every row.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -31,23 +30,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from _examples import load_example  # noqa: E402  (tools/)
 
-
-def parse_budgets(spec: str) -> list[float]:
-    if ":" in spec:
-        lo, hi, step = (float(x) for x in spec.split(":"))
-        n = round((hi - lo) / step)
-        return [round(lo + i * step, 6) for i in range(n + 1)]
-    return [float(x) for x in spec.split(",") if x]
-
-
-def _example(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"_ex_{name}", ROOT / "examples" / f"train_{name}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
+from memprof.sweep.runner import visible_gpus  # noqa: E402
+from memprof.sweep.spec import parse_budgets  # noqa: E402
 
 
 def example_loss(name: str, model: Any, ids: Any) -> Any:
@@ -82,7 +69,7 @@ class Worker:
         self.torch = torch
         self.args = args
         self.device = args.device
-        ex = _example(args.model)
+        ex = load_example(args.model)
         size = ex.PAPER if args.paper else ex.SMALL
         over = {k: v for k, v in (("layers", args.layers), ("seq", args.seq), ("batch", args.batch)) if v}
         self.size = type(size)(**{**size.__dict__, **over})
@@ -262,8 +249,8 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
         while pending and len(procs) < args.jobs:
             job = pending.pop(0)
             wenv = env
-            if args.gpus > 1:  # spread workers over the host's GPUs, round robin
-                wenv = {**env, "CUDA_VISIBLE_DEVICES": str(started % args.gpus)}
+            if args.gpus > 1:  # spread workers over the host's GPUs, round robin, as the sweep does
+                wenv = {**env, "CUDA_VISIBLE_DEVICES": visible_gpus()[started % min(args.gpus, len(visible_gpus()))]}
             started += 1
             p = subprocess.Popen([sys.executable, __file__, "--worker", *job], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True, env=wenv)

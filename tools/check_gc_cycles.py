@@ -3,7 +3,7 @@ imported): compile an example at a budget, run steps, and after the compiling st
 one collect with `gc.DEBUG_SAVEALL` to see what was unreachable, found by that collection or by the
 automatic ones during the step (object kinds, real tensors and their bytes, what refers to the
 largest), and how much device memory freeing it gave back.
-Also the step peaks as shared/reference measures them (`max_memory_allocated()` above the step's
+Also the step peaks as the paper's reference measurement takes them (`max_memory_allocated()` above the step's
 start), with the collector on or (`--no-gc`, between collections) off.
 
     python tools/check_gc_cycles.py --budget 0.1 --paper            # H200

@@ -11,7 +11,7 @@ Each mode runs in its own process, one compile per budget (torch._dynamo.reset b
   sets them), then capture the steps;
 - plain (CUDA only): nothing of memprof installed (its Python modules are imported, for the budget
   spec, but no hook, capture or callback); `torch.cuda.max_memory_allocated()` around each step
-  minus the memory allocated before it (shared/reference's method).
+  minus the memory allocated before it (the paper's reference method, docs/sweep.md).
 The step peak is the most allocated during a forward+backward above the step's start (gradients
 kept allocated), the last of the measured steps; for inside/outside it comes from the capture and,
 on CUDA, also from the allocator's own counters around the same step (so a difference can be told

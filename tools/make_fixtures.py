@@ -1,14 +1,19 @@
 """Write the small captures committed under tests/fixtures/ (run from the repository root).
 
-    python tools/make_fixtures.py
+    python tools/make_fixtures.py            # on the CPU: tiny_compiled.memprof
+    python tools/make_fixtures.py --cuda     # on a GPU machine: tiny_compiled_cuda.memprof
 
-`tiny_compiled.memprof`: a two-layer MLP compiled with Inductor on the CPU, three AdamW steps, so
-that the file has every member (events, strings, threads, plans, wrapper sources). Tests read it
-instead of compiling a model; the fuzz test of the loader mutates it.
+A two-layer MLP compiled with Inductor, three AdamW steps, so that each file has every member
+(events, strings, threads, plans, wrapper sources; on CUDA also the allocator tracker's reserved
+bytes). Tests read them instead of compiling a model (tests/unit/test_fixtures.py); the fuzz test
+of the loader mutates the CPU one. The CUDA one records, in its metadata, what PyTorch itself
+reported (`expected`: max_memory_allocated and, at each step's end, memory_allocated and
+memory_reserved), so CPU-only CI checks the capture against PyTorch's own counters.
 """
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import torch
@@ -18,20 +23,34 @@ import memprof
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 
 
-def tiny_compiled() -> memprof.Capture:
+def tiny_compiled(device: str) -> memprof.Capture:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32))
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with memprof.capture(meta={"command": "tools/make_fixtures.py tiny_compiled"}) as cap:
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    ends: list[list[int]] = []
+    with memprof.capture(meta={"command": f"tools/make_fixtures.py tiny_compiled ({device})"}) as cap:
         compiled = torch.compile(model)
         for _ in range(3):
-            compiled(torch.randn(16, 32)).sum().backward()
+            compiled(torch.randn(16, 32, device=device)).sum().backward()
             opt.step()
             opt.zero_grad()
+            if cuda:
+                ends.append([int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())])
+        if cuda:
+            cap.meta["expected"] = {"max_memory_allocated": int(torch.cuda.max_memory_allocated()),
+                                    "step_ends": ends}
     return cap
 
 
 if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cuda", action="store_true", help="the CUDA fixture (needs a GPU)")
+    ns = p.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    path = tiny_compiled().save(OUT / "tiny_compiled.memprof")
+    name = "tiny_compiled_cuda.memprof" if ns.cuda else "tiny_compiled.memprof"
+    path = tiny_compiled("cuda:0" if ns.cuda else "cpu").save(OUT / name)
     print(f"wrote {path} ({path.stat().st_size:,} bytes)")

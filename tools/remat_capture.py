@@ -18,7 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from bench_remat import _example, example_loss  # same model loading and loss as the benchmark
+from _examples import load_example
+from bench_remat import example_loss  # same loss as the benchmark
 
 
 def main() -> None:
@@ -38,7 +39,7 @@ def main() -> None:
     import memprof
     import memprof.remat as remat
 
-    example = _example(args.model)
+    example = load_example(args.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, ids = example.build(example.PAPER if args.paper else example.SMALL, device)
     compiled = torch.compile(model)

@@ -1,8 +1,25 @@
 #!/usr/bin/env bash
 # Set up memprof in ./.venv: reuse the system's torch if it has one (e.g. a CUDA build),
 # otherwise install torch 2.13.0 (CPU); then build memprof._C and install memprof editable.
+# Run again, it does nothing (in about a second) while the built extension is newer than csrc/,
+# setup.py and pyproject.toml and the test tools are installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ready() {
+  .venv/bin/python - <<'PY' 2>/dev/null
+import importlib.metadata, pathlib, sys
+import click, hypothesis, mypy, pytest, ruff  # noqa: F401  (the test tools)
+importlib.metadata.version("memprof")
+so = sorted(pathlib.Path("memprof").glob("_C*.so"))
+sources = [*pathlib.Path("csrc").iterdir(), pathlib.Path("setup.py"), pathlib.Path("pyproject.toml")]
+sys.exit(0 if so and all(p.stat().st_mtime <= so[0].stat().st_mtime for p in sources) else 1)
+PY
+}
+if [ -x .venv/bin/python ] && ready; then
+  .venv/bin/python -c "import memprof._native as n, torch; n.native(); print('memprof ready (already built): torch', \
+torch.__version__, '(CUDA build)' if n.native().cuda_built() else '(CPU build)')"
+  exit 0
+fi
 python3 -m venv --system-site-packages .venv
 py=.venv/bin/python
 $py -c "import torch" 2>/dev/null || $py -m pip install -q torch==2.13.0

@@ -10,19 +10,11 @@ from typing import Any
 import numpy as np
 
 from memprof._events import Kind, device_name
-from memprof.analysis.attribution import CATEGORIES
+from memprof.analysis.attribution import CATEGORIES, AttributionRow
 from memprof.analysis.timeline import freed_bytes, unfollowed_count
 from memprof.capture import Capture
 from memprof.plans import Plan
 from memprof.remat.report import RematReport
-
-
-@dataclass(frozen=True)
-class CategoryShare:
-    category: str
-    bytes: int
-    count: int
-    share: float  # of the live bytes at the peak
 
 
 @dataclass(frozen=True)
@@ -75,7 +67,7 @@ class StepRow:
 class DeviceSummary:
     device: str
     gc_freed: GcFreed
-    categories_at_peak: list[CategoryShare]
+    categories_at_peak: list[AttributionRow]  # by category (key == category)
     graph_calls: GraphCalls
     peak_bytes: int
     peak_t_s: float
@@ -142,7 +134,11 @@ class Summary:
     notes: list[str]
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for d in out["devices"]:  # the JSON names each category once
+            d["categories_at_peak"] = [{"category": r["key"], "bytes": r["bytes"], "count": r["count"],
+                                        "share": r["share"]} for r in d["categories_at_peak"]]
+        return out
 
 
 def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
@@ -162,8 +158,7 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
     return DeviceSummary(
         device=dev,
         gc_freed=GcFreed(len(gc_pos), freed_bytes(tl, gc_pos), _top_scopes(gc_made, top)),
-        categories_at_peak=[CategoryShare(r.key, r.bytes, r.count, r.share)
-                            for r in cap.attribution("peak", "category", dev, lower_bound=True) if r.bytes],
+        categories_at_peak=[r for r in cap.attribution("peak", "category", dev, lower_bound=True) if r.bytes],
         graph_calls=GraphCalls(len(labels.calls), sum(c.level == "buffer" for c in labels.calls), dict(reasons)),
         peak_bytes=tl.peak, peak_t_s=(peak_t - t0) / 1e9, baseline_bytes=tl.baseline, final_bytes=tl.final,
         reserved_peak_bytes=tl.reserved_peak if tl.has_reserved else None, live_at_peak=len(live),

@@ -59,8 +59,9 @@ def sweep_child(budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: 
             if r.status != "completed" or r.measured is None:
                 click.echo(f"memprof: budget {r.budget:g} not predicted ({r.status}): {r.error}", err=True)
             else:
-                click.echo(f"memprof: predicted budget {r.budget:g}: {r.measured.estimates} ({r.measured.own_compile_s:.1f}"
-                           f" s own compile, {r.measured.shared_s:.1f} s shared)", err=True)
+                m = r.measured
+                click.echo(f"memprof: predicted budget {r.budget:g}: {m.estimates} ({m.own_compile_s or 0:.1f} s own "
+                           f"compile, {m.shared_s or 0:.1f} s shared)", err=True)
         return 0 if all(r.status == "completed" for r in results) else 1
     if len(budgets) != 1 or output is None:
         raise MemprofError("a measured budget runs alone, with -o for its capture")

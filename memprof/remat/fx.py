@@ -171,9 +171,8 @@ def random_count(gm: Any) -> int:
 # less recomputation, then to the nearest budget): a larger budget's knapsack can pick a set that
 # splits the layers better, so a smaller budget need not end higher than a nearby larger one. All
 # steps run unless a step takes unusually long (`_SaveHook.decide`), so a plan does not depend on
-# the machine's speed. Two steps: on the paper Llama (32 and 8 layers, budgets 0.05-0.30) every
-# plan that won came from +0.01 or +0.02; +0.03, +0.05 and +0.08 (tried until 2026-11-30) never
-# won and each cost a stock knapsack (1-4 s of min-cut on a CPU core).
+# the machine's speed. Two steps: larger ones never won on the models measured, and each costs a
+# stock knapsack (docs/benchmarks.md, "Figures behind design choices").
 LADDER = (0.01, 0.02)
 
 
@@ -221,7 +220,7 @@ class _SaveHook:
         seen = {frozenset(stock_idx)}
         tried = 0
         t_ladder = time.perf_counter()
-        cap = max(30.0, 10 * self.time_limit)  # a guard for huge graphs; the paper Llama takes 2-4 s a step
+        cap = max(30.0, 10 * self.time_limit)  # a guard for huge graphs (far above what the models measured take)
         for step in self.ladder if 0.0 <= budget < 1.0 else ():
             b = round(budget + step, 6)
             if b >= 1.0:

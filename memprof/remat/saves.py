@@ -12,8 +12,8 @@ the backward holds all of it: the "less budget, more memory" peak.
    randomness (upstream #190758) and no random op is duplicated;
 2. saves the masks whose expansion feeds a kernel that Inductor hands dense inputs (`pinned`,
    found by the FX adapter: the attention bias of the CUDA efficient-attention backward). Computed
-   in the backward, the expanded view of an unrealized mask is copied dense once (B x H x L x L:
-   67 MB on the paper Llama, live across the whole backward); saved, it stays a broadcast view of
+   in the backward, the expanded view of an unrealized mask is copied dense once (B x H x L x L,
+   live across the whole backward); saved, it stays a broadcast view of
    a B x 1 x L x L input;
 3. adds the layer-boundary values the backward would otherwise recompute (values the forward
    hands from one layer to the next), when the estimate says the step's peak falls; then drops
@@ -225,15 +225,14 @@ def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fu
             # drop a boundary only where the estimate says that lowers the peak (largest first). A
             # boundary whose removal merely leaves the estimate unchanged stays: without it the
             # backward recomputes a chain of residual adds across layers, which Inductor inlines
-            # into one kernel that holds every layer's projection outputs until it runs (measured
-            # on the paper Llama: 225 MB at budget 0.10 with 15 of 31 boundaries kept, against an
-            # estimate of 187 MB that does not model the inlining)
+            # into one kernel that holds every layer's projection outputs until it runs, which the
+            # estimate does not model (docs/benchmarks.md, "Figures behind design choices")
             for j in sorted(extra, key=lambda k: -joint.nodes[k].nbytes):
                 if j not in current.at_peak:
                     # not live at the peak: dropping it cannot lower it. The backward then computes
                     # it (and what it needs) at its first use, keeping the order of everything else,
-                    # so no step's live bytes fall except where it was live before (the 35 stock
-                    # sets of the paper Llama give the same choices with and without this filter)
+                    # so no step's live bytes fall except where it was live before (the same choices
+                    # with and without this filter: docs/benchmarks.md, "Figures behind design choices")
                     continue
                 if time.perf_counter() - t0 > time_limit:
                     decision.notes.append(f"pruning stopped after {time_limit:.1f} s")

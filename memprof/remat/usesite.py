@@ -158,7 +158,7 @@ def rematerialize(prog: Program, mode: str, max_cone: int = 12, max_edits: int =
     An edit is kept only if the estimated peak falls by more than the estimate's error can
     explain: by at least `min_gain` of the peak and by at least `clone_factor` times the bytes
     the clones allocate (on Inductor, smaller estimated gains did not survive its fusion and
-    reordering: the paper Llama at budget 0.20 measured +14% with them).
+    reordering; docs/benchmarks.md, "Figures behind design choices").
     """
     if mode not in MODES:
         raise ValueError(f"unknown remat mode {mode!r} (expected one of {', '.join(MODES)})")

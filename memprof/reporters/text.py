@@ -51,7 +51,7 @@ def _at_peak(d: DeviceSummary, bound: str) -> list[str]:
     if d.categories_at_peak:
         lines.append(f"{d.device} peak {bound}{fmt_bytes(d.peak_bytes)} by category:")
         for c in d.categories_at_peak:
-            lines.append(f"  {fmt_bytes(c.bytes):>10}  {c.share * 100:5.1f}%  {c.category} ({c.count:,} allocations)")
+            lines.append(f"  {fmt_bytes(c.bytes):>10}  {c.share * 100:5.1f}%  {c.key} ({c.count:,} allocations)")
     calls = d.graph_calls
     if calls.total:
         kernel_level = sum(calls.kernel_level.values())

@@ -19,7 +19,7 @@ step, with nothing from a training step measured:
   (`memprof.sweep.probe`); its call peaks that much above the live bytes.
 The estimate is the step's peak above the memory allocated when the step began (the sweep's
 `step_peak`). torch 2.11's own `estimate_peak_memory` cancels graph outputs, i.e. every saved
-activation of a forward (shared/notes/torch-internals.md §4); this walk keeps them.
+activation of a forward (docs/sweep.md); this walk keeps them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Analysis of a loaded `Capture` (numpy; nothing printed; torch only where memprof's estimate
 probes a fallback kernel's scratch, `memprof.sweep.probe`). The step peak follows
-`shared/reference`'s method: the most memory allocated during a step above what was allocated
+the paper's reference method (docs/sweep.md): the most memory allocated during a step above what was allocated
 when it began, median over the steps after the first (compiling) one. Steps are the capture's
 step markers (optimizer steps or `memprof.step()`); a script with neither is split at each call
 of its first compiled forward graph.

@@ -1,8 +1,8 @@
 """Scratch memory of fallback kernels, measured once per call signature on placeholder inputs.
 
 Inductor's wrapper shows what a fallback kernel returns, not what it allocates while it runs: the
-memory-efficient attention backward, for one, allocates four buffers on top of its gradients and
-peaks 4.26 MB above them (paper Llama, H200). memprof's estimate learns that from the kernel
+memory-efficient attention backward, for one, allocates four buffers on top of its gradients
+(docs/benchmarks.md, "Figures behind design choices"). memprof's estimate learns that from the kernel
 itself: each distinct call (op, argument shapes, strides, dtypes, constants; recorded at
 partition time as `FxNode.call`) runs twice on zero-filled inputs under a memprof capture, outside
 any user capture, and its scratch is the peak during the second run above what the call leaves

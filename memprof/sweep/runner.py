@@ -65,7 +65,8 @@ def prepare_dir(out: Path, force: bool, script: Path | None = None) -> None:
     (out / MANIFEST).write_text(json.dumps({"written_by": f"memprof {__version__}", "files": list(SWEEP_FILES)}))
 
 
-def _gpus() -> list[str]:
+def visible_gpus() -> list[str]:
+    """The GPUs child processes are spread over, round robin (CUDA_VISIBLE_DEVICES when set)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [v for v in visible.split(",") if v.strip()]
@@ -194,8 +195,8 @@ def _collect(out: Path, variant: str, budget: float, label: str, measure_path: P
 def process_threads(cores: int, processes: int, gpu: bool, environ: dict[str, str]) -> dict[str, str]:
     """What each of `processes` sweep processes gets of the cores: cores / processes of Inductor's
     compile workers (its default, a pool of one worker per core in each process, oversubscribes)
-    and, with a GPU, of torch's CPU threads (OMP_NUM_THREADS: 13 processes of 16 OpenMP threads
-    made every compile slower; --predict, 26 budgets on the H200: 178 s against 160 s). Without a
+    and, with a GPU, of torch's CPU threads (OMP_NUM_THREADS: processes of one OpenMP thread per core
+    each made every compile slower: docs/benchmarks.md, "Figures behind design choices"). Without a
     GPU the scripts run on the CPU, where Inductor's code depends on the thread count, so the
     threads are left as torch sets them (the program measured is the program the user runs).
     A variable already set is left alone."""
@@ -242,7 +243,7 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
                   mode="predict" if predict else "measure")
     if noise is not None:
         sweep.noise = dict(noise)
-    gpus = _gpus()
+    gpus = visible_gpus()
     share = False
     if predict and len(budgets) * len(variants) > jobs:
         from memprof.torch_hooks.predict import sharing_available

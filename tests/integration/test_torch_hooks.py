@@ -107,5 +107,5 @@ def test_predict_restores_every_patched_symbol() -> None:
                                                            "--steps", "1"], [0.0, 1.0], None)
     finally:
         sys.path[:] = saved
-    assert [o["meta"]["status"] for o in out] == ["completed", "completed"]
+    assert [o.status for o in out] == ["completed", "completed"]
     _assert_restored(before)

@@ -22,7 +22,7 @@ from memprof.sweep.measure import measure
 from memprof.sweep.runner import group_tasks
 from memprof.sweep.spec import budget_label
 
-from .conftest import ROOT, one_line_error, run_memprof
+from ..conftest import ROOT, invoke_memprof, one_line_error, run_memprof
 
 MB = 1_000_000
 
@@ -111,15 +111,15 @@ def test_bad_input_is_one_line(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     for spec, needle in [("", "empty"), ("0.1:0.3:0", "step must be > 0"), ("2", "outside [0, 1]")]:
-        assert needle in one_line_error(run_memprof("sweep", "train.py", "--budgets", spec, cwd=tmp_path))
-    assert "does not exist" in one_line_error(run_memprof("sweep", "nope.py", "--budgets", "0.1", cwd=tmp_path))
+        assert needle in one_line_error(invoke_memprof("sweep", "train.py", "--budgets", spec, cwd=tmp_path))
+    assert "does not exist" in one_line_error(invoke_memprof("sweep", "nope.py", "--budgets", "0.1", cwd=tmp_path))
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "sweep.json").write_text("{}")
-    line = one_line_error(run_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "out", cwd=tmp_path))
+    line = one_line_error(invoke_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "out", cwd=tmp_path))
     assert "exists" in line and "--force" in line
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "notes.txt").write_text("mine")
-    line = one_line_error(run_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "other", "--force",
+    line = one_line_error(invoke_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "other", "--force",
                                        cwd=tmp_path))
     assert "not written by memprof sweep" in line and (tmp_path / "other" / "notes.txt").exists()
 

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 import threading
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -15,24 +13,15 @@ import torch
 import memprof
 from memprof._events import Kind
 
-from .conftest import ROOT, run_memprof
+from ..conftest import ROOT, load_example, run_memprof
 
 pytestmark = pytest.mark.cuda
 STEPS = 21
 
 
-def example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("train_llama", ROOT / "examples" / "train_llama.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["train_llama"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("budget", [0.05, 0.13])
 def test_paper_llama_matches_the_allocator_to_the_byte(budget: float) -> None:
-    ex = example()
+    ex = load_example("llama")
     import torch._functorch.config as fc
 
     torch._dynamo.reset()
@@ -127,18 +116,9 @@ def test_cuda_malloc_async_backend_is_explained(tmp_path: Path) -> None:
     assert os.environ.get("PYTORCH_CUDA_ALLOC_CONF") is None
 
 
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize(("name", "budget"), [("train_llama", 0.1), ("train_bert", 1.0)])
 def test_attribution_joins_every_cuda_graph_call(name: str, budget: float) -> None:
-    ex = _load(name)
+    ex = load_example(name.removeprefix("train_"))
     import torch._functorch.config as fc
 
     torch._dynamo.reset()
@@ -169,7 +149,7 @@ def test_attribution_joins_every_cuda_graph_call(name: str, budget: float) -> No
 
 
 def test_tensors_from_before_the_capture_are_named() -> None:
-    ex = _load("train_llama")
+    ex = load_example("llama")
     torch._dynamo.reset()
     model, ids = ex.build(ex.SMALL, "cuda")
     step = torch.compile(model)
@@ -206,7 +186,7 @@ def test_remat_saves_the_attention_mask_and_matches_eager_gradients() -> None:
 
     import memprof.remat as remat
 
-    ex = example()
+    ex = load_example("llama")
     torch._dynamo.reset()
     model, ids = ex.build(ex.SMALL, "cuda")
     reference = copy.deepcopy(model)
@@ -238,7 +218,7 @@ def test_memprof_estimate_with_kernel_probes_on_cuda(budget: float) -> None:
     from memprof.sweep.estimate import estimate_capture_plans
     from memprof.sweep.measure import measure
 
-    ex = example()
+    ex = load_example("llama")
     torch._dynamo.reset()
     model, ids = ex.build(ex.PAPER, "cuda")
     step = torch.compile(model)

@@ -23,7 +23,7 @@ from memprof.errors import IncompleteCaptureError
 from memprof.reporters import render
 from memprof.sweep.runner import MANIFEST, prepare_dir
 
-from .conftest import one_line_error, run_memprof
+from ..conftest import invoke_memprof, one_line_error, run_memprof
 
 MB4 = 4_000_000
 
@@ -135,9 +135,9 @@ def test_max_events_on_the_command_line_says_incomplete_at_the_top(tmp_path: Pat
     lines = [ln for ln in res.stderr.splitlines() if not ln.startswith("  ") or "INCOMPLETE" in ln]
     assert "INCOMPLETE" in res.stderr.splitlines()[1], res.stderr
     assert "exact bytes" not in res.stderr, lines
-    rep = run_memprof("report", "train.memprof", "--by", "category", cwd=tmp_path)
+    rep = invoke_memprof("report", "train.memprof", "--by", "category", cwd=tmp_path)
     assert rep.returncode == 0 and "INCOMPLETE" in rep.stdout.splitlines()[1]
-    js = json.loads(run_memprof("report", "train.memprof", "--by", "category", "--json", cwd=tmp_path).stdout)
+    js = json.loads(invoke_memprof("report", "train.memprof", "--by", "category", "--json", cwd=tmp_path).stdout)
     assert js["exact"] is False and js["warnings"]
 
 
@@ -173,15 +173,15 @@ def test_no_phantom_step_after_the_last_one(tmp_path: Path) -> None:
 
 def test_an_output_is_never_an_input_or_another_output(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("import torch\nx = torch.empty(10)\n")
-    line = one_line_error(run_memprof("trace", "train.py", "-o", "same.memprof", "--chrome", "same.memprof",
+    line = one_line_error(invoke_memprof("trace", "train.py", "-o", "same.memprof", "--chrome", "same.memprof",
                                       cwd=tmp_path))
     assert "same file" in line and not (tmp_path / "same.memprof").exists()
-    assert "is the script" in one_line_error(run_memprof("trace", "train.py", "-o", "train.py", "--force",
+    assert "is the script" in one_line_error(invoke_memprof("trace", "train.py", "-o", "train.py", "--force",
                                                          cwd=tmp_path))
     assert run_memprof("trace", "train.py", "-o", "cap.memprof", cwd=tmp_path).returncode == 0
     (tmp_path / "cap.json").write_bytes((tmp_path / "cap.memprof").read_bytes())
     before = (tmp_path / "cap.json").read_bytes()
-    line = one_line_error(run_memprof("export", "cap.json", "--force", cwd=tmp_path))
+    line = one_line_error(invoke_memprof("export", "cap.json", "--force", cwd=tmp_path))
     assert "input capture" in line and (tmp_path / "cap.json").read_bytes() == before
 
 
@@ -203,13 +203,13 @@ def test_a_relative_output_does_not_follow_the_scripts_chdir(tmp_path: Path) -> 
 def test_sweep_force_never_replaces_what_memprof_did_not_write(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "run.memprof").write_text("x")
-    line = one_line_error(run_memprof("sweep", "train.py", "--budgets", "0.1", "-o", ".", "--force", cwd=tmp_path))
+    line = one_line_error(invoke_memprof("sweep", "train.py", "--budgets", "0.1", "-o", ".", "--force", cwd=tmp_path))
     assert "current directory" in line and (tmp_path / "train.py").exists() and (tmp_path / "run.memprof").exists()
     danger = tmp_path / "danger"
     (danger / "sub").mkdir(parents=True)
     for name in ("old.memprof", "keep.txt", "sub/results.csv"):
         (danger / name).write_text(name)
-    line = one_line_error(run_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "danger", "--force",
+    line = one_line_error(invoke_memprof("sweep", "train.py", "--budgets", "0.1", "-o", "danger", "--force",
                                       cwd=tmp_path))
     assert "not written by memprof sweep" in line
     assert sorted(str(p.relative_to(danger)) for p in danger.rglob("*")) == [
@@ -340,7 +340,7 @@ def test_kernel_names_are_printed_whole() -> None:
 def test_random_op_warning_names_memprofs_remat_pass() -> None:
     from memprof.analysis.summary import rng_warnings
 
-    cap = memprof.load(Path(__file__).parent / "fixtures" / "tiny_compiled.memprof")
+    cap = memprof.load(Path(__file__).resolve().parents[1] / "fixtures" / "tiny_compiled.memprof")
     plan = cap.plans[0]
     import dataclasses
 

@@ -16,10 +16,10 @@ import memprof
 import memprof.remat as remat
 from memprof.remat.report import RematReport
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/remat_models.py
 from remat_models import MLPStack, TinyBert, TinyLlama, projection_loss
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 

@@ -22,9 +22,9 @@ from memprof._events import EVENT_DTYPE
 from memprof.analysis.wrapper_code import parse_wrapper
 from memprof.errors import CaptureFileError, MemprofError
 
-from .conftest import one_line_error, run_memprof
+from ..conftest import invoke_memprof, one_line_error
 
-FIXTURE = Path(__file__).parent / "fixtures" / "tiny_compiled.memprof"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_compiled.memprof"
 
 
 def _members(path: Path = FIXTURE) -> dict[str, bytes]:
@@ -190,14 +190,14 @@ def test_a_hostile_wrapper_line_reports_quickly(tmp_path: Path) -> None:
     assert line in members["wrappers/0.py"]
     path = _write(tmp_path / "slow.memprof", members)
     t0 = time.perf_counter()
-    res = run_memprof("report", str(path), "--by", "node", cwd=tmp_path)
+    res = invoke_memprof("report", str(path), "--by", "node", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert time.perf_counter() - t0 < 30  # a process start and a report; 42.7 s before for N = 20,000
 
 
 def test_error_lines_are_bounded_and_escaped(tmp_path: Path) -> None:
     path = _with_meta(tmp_path, format_version="\x1b[2J" + "9" * 5000)
-    line = one_line_error(run_memprof("report", str(path), cwd=tmp_path))
+    line = one_line_error(invoke_memprof("report", str(path), cwd=tmp_path))
     assert len(line) <= 400 and "\x1b" not in line
 
 

@@ -20,7 +20,7 @@ import torch
 import memprof
 from memprof.analysis.attribution import CATEGORIES, Category
 
-from .conftest import ROOT, run_memprof
+from ..conftest import ROOT, invoke_memprof, run_memprof
 
 sys.path.insert(0, str(ROOT / "examples"))
 import train_bert
@@ -182,17 +182,17 @@ def test_capture_file_keeps_plans_and_attribution(llama: tuple[memprof.Capture, 
     assert [p.saved for p in again.plans] == [p.saved for p in cap.plans]
     assert [g.source for g in again.graphs] == [g.source for g in cap.graphs]
     assert again.attribution(by="node", device="cpu") == cap.attribution(by="node", device="cpu")
-    res = run_memprof("report", str(path), "--by", "layer", "--at", "step:2", "--json", cwd=tmp_path)
+    res = invoke_memprof("report", str(path), "--by", "layer", "--at", "step:2", "--json", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
     assert doc["bytes"] == cap.peak("cpu", step=2) == sum(r["bytes"] for r in doc["rows"])
-    res = run_memprof("report", str(path), "--by", "category", cwd=tmp_path)
+    res = invoke_memprof("report", str(path), "--by", "category", cwd=tmp_path)
     assert res.returncode == 0 and "saved_activation" in res.stdout and "recomputed" in res.stdout
     for bad, message in ((["--by", "node", "--at", "step:99"], "no step 99"),
                          (["--by", "node", "--at", "later"], "bad point 'later'"),
                          (["--at", "step:1"], "need --by"),
                          (["--by", "node", "--device", "cuda:3"], "no allocations on cuda:3")):
-        res = run_memprof("report", str(path), *bad, cwd=tmp_path)
+        res = invoke_memprof("report", str(path), *bad, cwd=tmp_path)
         assert res.returncode != 0 and "Traceback" not in res.stderr
         assert res.stderr.strip().startswith("memprof: error:") and message in res.stderr, res.stderr
 
@@ -216,7 +216,7 @@ def test_capture_from_before_plans_still_reports(llama: tuple[memprof.Capture, l
     rows = legacy.attribution(by="category", device="cpu")
     assert sum(r.bytes for r in rows) == cap.peak("cpu")
     assert {c.level for c in legacy.labels("cpu").calls} == {"kernel"}
-    res = run_memprof("report", str(old), cwd=tmp_path)
+    res = invoke_memprof("report", str(old), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert "attributed at kernel level only: 4 (4x no compile plan" in res.stderr + res.stdout
 
@@ -261,5 +261,5 @@ def test_dropout_recomputed_below_budget_one_is_flagged(tmp_path: Path) -> None:
     cap = memprof.load(tmp_path / "bert.memprof")
     assert cap.plans[0].recomputed_random
     assert all(p.startswith("inductor_random") for p in cap.plans[0].recomputed_random)
-    res = run_memprof("report", "bert.memprof", "--by", "node", cwd=tmp_path)
+    res = invoke_memprof("report", "bert.memprof", "--by", "node", cwd=tmp_path)
     assert res.returncode == 0 and "WARNING" in res.stdout

@@ -12,7 +12,7 @@ import pytest
 
 import memprof
 
-from .conftest import one_line_error, run_memprof
+from ..conftest import invoke_memprof, one_line_error, run_memprof
 
 SCRIPT = """\
 import sys, torch
@@ -91,13 +91,13 @@ def test_ctrl_c_saves_the_capture(script: Path, tmp_path: Path) -> None:
 
 def test_report_and_export(script: Path, tmp_path: Path) -> None:
     assert run_memprof("trace", script.name, cwd=tmp_path).returncode == 0
-    rep = run_memprof("report", "train.memprof", cwd=tmp_path)
+    rep = invoke_memprof("report", "train.memprof", cwd=tmp_path)
     assert rep.returncode == 0 and "peak" in rep.stdout
-    js = run_memprof("report", "train.memprof", "--json", cwd=tmp_path)
+    js = invoke_memprof("report", "train.memprof", "--json", cwd=tmp_path)
     import json
 
     assert json.loads(js.stdout)["devices"][0]["device"] == "cpu"
-    exp = run_memprof("export", "train.memprof", "--format", "chrome", cwd=tmp_path)
+    exp = invoke_memprof("export", "train.memprof", "--format", "chrome", cwd=tmp_path)
     assert exp.returncode == 0, exp.stderr
     from memprof.reporters.chrome import validate_chrome_trace
 
@@ -122,7 +122,7 @@ def test_report_and_export(script: Path, tmp_path: Path) -> None:
 def test_bad_input_is_one_line(script: Path, tmp_path: Path, args: list[str], message: str) -> None:
     (tmp_path / "notes.txt").write_text("not python")
     (tmp_path / "exists.memprof").write_text("junk")
-    line = one_line_error(run_memprof(*args, cwd=tmp_path))
+    line = one_line_error(invoke_memprof(*args, cwd=tmp_path))
     assert message in line
 
 

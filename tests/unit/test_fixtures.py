@@ -1,0 +1,87 @@
+"""Attribution, reporters, the Chrome validator and the report/export commands on the committed
+captures (tests/fixtures, written by tools/make_fixtures.py on the CPU and on the GPU machine):
+nothing is compiled or run here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import memprof
+from memprof.analysis.attribution import BY, CATEGORIES
+from memprof.analysis.summary import summarize
+from memprof.reporters import render
+from memprof.reporters.chrome import validate_chrome_trace
+
+from ..conftest import invoke_memprof, one_line_error
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+CAPTURES = sorted(FIXTURES.glob("*.memprof"))
+
+
+@pytest.fixture(params=CAPTURES, ids=[p.stem for p in CAPTURES])
+def cap(request: pytest.FixtureRequest) -> memprof.Capture:
+    return memprof.load(request.param)
+
+
+def test_fixtures_are_small() -> None:
+    assert CAPTURES and all(p.stat().st_size < 200_000 for p in CAPTURES)
+
+
+def test_attribution_sums_to_the_peak_to_the_byte(cap: memprof.Capture) -> None:
+    dev = cap.main_device
+    peak = cap.peak(dev)
+    for by in BY:
+        rows = cap.attribution(at="peak", by=by, device=dev)
+        assert sum(r.bytes for r in rows) == peak, by
+    for s in cap.steps(dev):
+        assert sum(r.bytes for r in cap.attribution(at=f"step:{s.step}", device=dev)) == s.peak
+    cats = {r.key for r in cap.attribution(at="peak", device=dev)}
+    assert cats <= set(CATEGORIES) and {"gradient", "optimizer_state"} <= cats  # the peak is at an AdamW step
+    # every compiled-graph call is joined to its wrapper code, buffer by buffer
+    calls = cap.labels(dev).calls
+    assert calls and all(c.level == "buffer" for c in calls), [c.reason for c in calls if c.level != "buffer"]
+
+
+def test_cuda_capture_equals_pytorchs_own_counters() -> None:
+    path = FIXTURES / "tiny_compiled_cuda.memprof"
+    if not path.exists():
+        pytest.skip("no CUDA fixture (tools/make_fixtures.py --cuda on a GPU machine)")
+    cap = memprof.load(path)
+    expected = cap.meta["expected"]
+    assert cap.peak("cuda:0") == expected["max_memory_allocated"]
+    steps = cap.steps("cuda:0")
+    assert [[s.allocated_at_end, s.reserved_at_end] for s in steps if s.complete] == expected["step_ends"]
+
+
+def test_reporters_agree_with_the_summary(cap: memprof.Capture) -> None:
+    summary = summarize(cap)
+    assert json.loads(render("json", cap)) == json.loads(json.dumps(summary.to_json()))
+    text = render("text", cap)
+    dev = summary.devices[-1]
+    assert f"{dev.peak_bytes:,}" in text and "by category:" in text and "compile plan 0" in text
+    table = json.loads(render("table-json", cap, by="node"))
+    assert table["exact"] and table["bytes"] == cap.peak(cap.main_device)
+
+
+def test_chrome_export_is_valid(cap: memprof.Capture) -> None:
+    trace = json.loads(render("chrome", cap))
+    assert validate_chrome_trace(trace) == []
+    peaks = [e for e in trace["traceEvents"] if e.get("cat") == "peak"]
+    assert {e["args"]["bytes"] for e in peaks} == {cap.peak(d) for d in cap.devices if cap.timeline(d).peak_pos >= 0}
+
+
+def test_report_and_export_commands(tmp_path: Path) -> None:
+    path = str(CAPTURES[0])
+    res = invoke_memprof("report", path, "--by", "layer", "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    rows = json.loads(res.stdout)
+    assert rows["bytes"] == sum(r["bytes"] for r in rows["rows"])
+    res = invoke_memprof("export", path, "--format", "chrome", "-o", "t.json", cwd=tmp_path)
+    assert res.returncode == 0 and validate_chrome_trace(json.loads((tmp_path / "t.json").read_text())) == []
+    assert "already exists" in one_line_error(invoke_memprof("export", path, "--format", "chrome", "-o", "t.json",
+                                                             cwd=tmp_path))
+    assert "no step 99" in one_line_error(invoke_memprof("report", path, "--by", "node", "--at", "step:99",
+                                                         cwd=tmp_path))
