@@ -47,8 +47,9 @@ def run_memprof(*args: str, cwd: Path, timeout: float = 600, env: dict[str, str]
 
 def invoke_memprof(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`memprof ARGS` in this process, through the CLI's own entry point (its one-line errors and
-    exit codes), for commands that run no script: report, export, and bad input that is refused
-    before anything runs. Runs with `cwd` as the working directory."""
+    exit codes), with `cwd` as the working directory: report, export, bad input refused before
+    anything runs, and traces of small scripts that exit normally (a script that kills its
+    process, or whose signals must reach a real process, runs under `run_memprof`)."""
     from memprof.cli import main
 
     out, err = io.StringIO(), io.StringIO()

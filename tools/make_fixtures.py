@@ -36,10 +36,10 @@ def tiny_compiled(device: str) -> memprof.Capture:
         compiled = torch.compile(model)
         for _ in range(3):
             compiled(torch.randn(16, 32, device=device)).sum().backward()
-            opt.step()
-            opt.zero_grad()
+            opt.step()  # the step marker: what PyTorch reports here is the step's end
             if cuda:
                 ends.append([int(torch.cuda.memory_allocated()), int(torch.cuda.memory_reserved())])
+            opt.zero_grad()
         if cuda:
             cap.meta["expected"] = {"max_memory_allocated": int(torch.cuda.max_memory_allocated()),
                                     "step_ends": ends}

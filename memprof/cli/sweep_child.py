@@ -49,7 +49,9 @@ def sweep_child(budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: 
     if len(json_paths) != len(budgets):
         raise MemprofError(f"{len(budgets)} --budget but {len(json_paths)} --json")
     path = check_script(script)
-    args = list(script_args)
+    # everything after SCRIPT is the script's (options are not interspersed here); the sweep puts
+    # a `--` right after SCRIPT
+    args = list(script_args[1:] if script_args[:1] == ("--",) else script_args)
     if predict:
         from memprof.sweep.predict import predict as run_predict
 

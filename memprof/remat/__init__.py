@@ -50,11 +50,7 @@ def reports(clear: bool = False) -> list[RematReport]:
     """Reports of the graphs partitioned by the pass in this process (oldest first)."""
     from memprof.remat import fx
 
-    with fx._reports_lock:
-        out = list(fx._reports)
-        if clear:
-            fx._reports.clear()
-    return out
+    return fx.reports(clear)
 
 
 def _base(fn: Any) -> Callable[..., Any]:

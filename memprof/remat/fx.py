@@ -344,6 +344,15 @@ def partition(fn: Callable[..., Any], gm: Any, joint_inputs: Any, mode: str, kwa
     return fw, bw
 
 
+def reports(clear: bool = False) -> list[RematReport]:
+    """The reports of every graph this process partitioned with the pass (oldest first)."""
+    with _reports_lock:
+        out = list(_reports)
+        if clear:
+            _reports.clear()
+    return out
+
+
 def _attach(bw: Any, report: RematReport) -> None:
     with contextlib.suppress(Exception):
         bw.meta["memprof_remat"] = report

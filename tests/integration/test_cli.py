@@ -90,7 +90,7 @@ def test_ctrl_c_saves_the_capture(script: Path, tmp_path: Path) -> None:
 
 
 def test_report_and_export(script: Path, tmp_path: Path) -> None:
-    assert run_memprof("trace", script.name, cwd=tmp_path).returncode == 0
+    assert invoke_memprof("trace", script.name, cwd=tmp_path).returncode == 0
     rep = invoke_memprof("report", "train.memprof", cwd=tmp_path)
     assert rep.returncode == 0 and "peak" in rep.stdout
     js = invoke_memprof("report", "train.memprof", "--json", cwd=tmp_path)

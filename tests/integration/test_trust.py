@@ -130,7 +130,7 @@ def test_steps_before_the_first_drop_stay_exact() -> None:
 def test_max_events_on_the_command_line_says_incomplete_at_the_top(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(
         "import torch\nkeep = [torch.empty(100) for _ in range(300)]\nbig = torch.empty(1_000_000)\n")
-    res = run_memprof("trace", "train.py", "--max-events", "200", cwd=tmp_path)
+    res = invoke_memprof("trace", "train.py", "--max-events", "200", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     lines = [ln for ln in res.stderr.splitlines() if not ln.startswith("  ") or "INCOMPLETE" in ln]
     assert "INCOMPLETE" in res.stderr.splitlines()[1], res.stderr
@@ -162,7 +162,7 @@ def test_no_phantom_step_after_the_last_one(tmp_path: Path) -> None:
         "import torch\nm = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
         "for _ in range(3):\n    m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()\n"
         "print(float(m.weight.sum()))\n")
-    res = run_memprof("trace", "train.py", cwd=tmp_path)
+    res = invoke_memprof("trace", "train.py", cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     cap = memprof.load(tmp_path / "train.memprof")
     assert [s.step for s in cap.steps("cpu")] == [1, 2, 3]
@@ -178,7 +178,7 @@ def test_an_output_is_never_an_input_or_another_output(tmp_path: Path) -> None:
     assert "same file" in line and not (tmp_path / "same.memprof").exists()
     assert "is the script" in one_line_error(invoke_memprof("trace", "train.py", "-o", "train.py", "--force",
                                                          cwd=tmp_path))
-    assert run_memprof("trace", "train.py", "-o", "cap.memprof", cwd=tmp_path).returncode == 0
+    assert invoke_memprof("trace", "train.py", "-o", "cap.memprof", cwd=tmp_path).returncode == 0
     (tmp_path / "cap.json").write_bytes((tmp_path / "cap.memprof").read_bytes())
     before = (tmp_path / "cap.json").read_bytes()
     line = one_line_error(invoke_memprof("export", "cap.json", "--force", cwd=tmp_path))
@@ -302,11 +302,11 @@ def test_sighup_saves_the_capture(tmp_path: Path) -> None:
 
 def test_syntax_error_shows_no_memprof_frame_and_exit_code_is_named(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text("print(\n")
-    res = run_memprof("trace", "bad.py", cwd=tmp_path)
+    res = invoke_memprof("trace", "bad.py", cwd=tmp_path)
     assert res.returncode == 1 and "SyntaxError" in res.stderr
     assert "runner.py" not in res.stderr and "Traceback" not in res.stderr
     (tmp_path / "ex.py").write_text("import sys\nsys.exit(3)\n")
-    res = run_memprof("trace", "ex.py", cwd=tmp_path)
+    res = invoke_memprof("trace", "ex.py", cwd=tmp_path)
     assert res.returncode == 3 and "the script called sys.exit(3)" in res.stderr
 
 

