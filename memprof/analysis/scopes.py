@@ -10,15 +10,14 @@ top-level scopes inside a call) is this rule applied to the events it concerns.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from memprof._events import Kind
 
 
-@dataclass(frozen=True)
-class Pair:
+class Pair(NamedTuple):
     """One scope, as `pair` closed it: indices into the event lists it was given."""
 
     begin: int
@@ -26,6 +25,16 @@ class Pair:
     scope: int
     depth: int  # open scopes around it when it began
     closed: bool  # False: closed by an outer scope's end, or never closed (end -1)
+
+
+def _match(stack: list[tuple[int, int]], scope: int) -> int:
+    """The rule's search: the innermost open scope with this id (-1: none, the end is ignored)."""
+    if stack and stack[-1][1] == scope:  # the usual case, properly nested
+        return len(stack) - 1
+    for j in range(len(stack) - 2, -1, -1):
+        if stack[j][1] == scope:
+            return j
+    return -1
 
 
 def pair(kinds: Sequence[int], scopes: Sequence[int]) -> list[Pair]:
@@ -37,20 +46,32 @@ def pair(kinds: Sequence[int], scopes: Sequence[int]) -> list[Pair]:
         if kind == Kind.SCOPE_BEGIN:
             stack.append((i, scope))
             continue
-        for j in range(len(stack) - 1, -1, -1):
-            if stack[j][1] == scope:
-                while len(stack) > j:
-                    b, s = stack.pop()
-                    out.append(Pair(b, i, s, len(stack), len(stack) == j))
-                break
+        j = _match(stack, scope)
+        if j >= 0:
+            while len(stack) > j:
+                b, s = stack.pop()
+                out.append(Pair(b, i, s, len(stack), len(stack) == j))
     while stack:
         b, s = stack.pop()
         out.append(Pair(b, -1, s, len(stack), False))
     return out
 
 
-@dataclass(frozen=True)
-class Slice:
+def open_scopes(kinds: Sequence[int], scopes: Sequence[int]) -> list[int]:
+    """The scope ids still open (outermost first) after one thread's events, by the same rule as
+    `pair` (without building the pairs: the stack at one event of a long capture)."""
+    stack: list[tuple[int, int]] = []
+    for i, (kind, scope) in enumerate(zip(kinds, scopes, strict=True)):
+        if kind == Kind.SCOPE_BEGIN:
+            stack.append((i, scope))
+        elif stack and stack[-1][1] == scope:  # (`_match`'s usual case, without the call)
+            stack.pop()
+        elif (j := _match(stack, scope)) >= 0:
+            del stack[j:]
+    return [s for _i, s in stack]
+
+
+class Slice(NamedTuple):
     """A scope on one thread (an op, a kernel or a compiled graph call)."""
 
     thread: int
@@ -99,8 +120,7 @@ class ScopeIndex:
     def _stack_on(self, thread: int, row: int) -> list[int]:
         rows = self.rows_on(thread)
         rows = rows[: int(np.searchsorted(rows, row, side="left"))]
-        open_now = [p for p in self._pairs(rows) if p.end == -1]
-        return [p.scope for p in sorted(open_now, key=lambda p: p.depth)]
+        return open_scopes(self.raw["kind"][rows].tolist(), self.raw["scope"][rows].tolist())
 
     def slices(self, t_stop_ns: int) -> list[Slice]:
         """Every scope as a slice, in the order they close (scopes open at the stop end there)."""

@@ -1,0 +1,35 @@
+"""Every name the README's Python API section shows still works (on a committed capture)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import memprof
+import memprof.remat
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "tiny_compiled.memprof"
+
+
+def test_the_readme_api(tmp_path: Path) -> None:
+    cap = memprof.load(FIXTURE)
+    dev = cap.main_device
+    assert cap.exact and cap.caveats == [] and cap.peak(dev) == cap.peak(lower_bound=True)
+    assert cap.peak(dev, step=2) == next(s.peak for s in cap.steps(dev) if s.step == 2)
+    live = cap.live_at_peak(dev)
+    assert live and live[0].bytes >= live[-1].bytes and live[0].scope is not None
+    assert isinstance(cap.scope_stack_at_peak(dev), list)
+    tl = cap.timeline(dev)
+    assert tl.peak == cap.peak(dev) and len(tl.t_ns) == len(tl.allocated) == len(tl.delta)
+    assert set(cap.events.dtype.names or ()) >= {"t_ns", "seq", "kind", "bytes", "device", "scope"}
+    rows = cap.attribution(at="peak", by="node")
+    assert sum(r.bytes for r in rows) == cap.peak(dev) and {"key", "bytes", "count", "share", "category"} <= set(
+        type(rows[0]).__dataclass_fields__)
+    plan = cap.plans[0]
+    assert isinstance(plan.saved, list) and isinstance(plan.recomputed, list) and plan.recomputed_random == []
+    assert cap.graphs and cap.graphs[0].role in ("forward", "backward", "inference") and cap.graphs[0].source
+    assert isinstance(cap.info, memprof.CaptureInfo) and cap.info.steps == 3
+    again = memprof.load(cap.save(tmp_path / "again.memprof"))
+    assert again.peak(dev) == cap.peak(dev)
+    assert callable(memprof.capture) and callable(memprof.step) and memprof.active() is False
+    for name in ("enable", "partitioner", "partition_fn", "reports", "MODES"):
+        assert hasattr(memprof.remat, name)
