@@ -99,7 +99,7 @@ def _inductor_class() -> type:
             return run(self.inner, gm, joint_inputs, "inductor", kwargs)
 
         def __reduce__(self) -> tuple[Any, ...]:  # Inductor pickles its config for cache keys
-            return _inductor_class(), (self.inner,)
+            return _make_chain, (self.inner,)
 
         def uuid(self) -> str | None:
             with _lock:
@@ -114,6 +114,10 @@ def _inductor_class() -> type:
             return source_hash(f"{salt}|{inner_id}")
 
     return ChainPartitioner
+
+
+def _make_chain(inner: Any) -> Any:
+    return _inductor_class()(inner)
 
 
 class _ChainPartitionFn:

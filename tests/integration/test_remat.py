@@ -230,6 +230,7 @@ def test_partitioner_uuid_names_mode_and_source() -> None:
     with remat.enable("all"):  # the partitioner chain, with the pass as its transform
         chain = inductor_config.custom_partitioner_fn
         assert chain.uuid() == everything.uuid()
+        assert pickle.loads(pickle.dumps(chain)).uuid() == chain.uuid()
         assert type(chain)(lambda *a, **k: None).uuid() is None  # an inner one without a uuid: uncacheable
         with memprof.capture(plans=True):
             assert chain.uuid() is None  # a recorded compile: no cache may skip it
