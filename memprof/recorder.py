@@ -78,6 +78,7 @@ class Recorder:
         self.native_tid = threading.get_native_id()
         self.step = 0
         self.explicit_steps = False
+        self.stopped = False
         self._patches = Patches()
         self.meta = _base_meta()
         self.children = {"dataloader": 0, "other": 0}  # processes started with multiprocessing
@@ -145,8 +146,7 @@ class Recorder:
             from memprof.torch_hooks.plan_recorder import PlanRecorder
 
             self.plan_recorder = PlanRecorder(C.now_ns, self._note, self.knapsack_evaluator)
-            self.plan_recorder.install()
-            p.on_undo(self.plan_recorder.uninstall)
+            runtime.on_first_compile(p, self._install_plans)
             if self.meta.get("preexisting"):  # name what was allocated before the capture
                 try:
                     self.plan_recorder.record_modules()
@@ -163,6 +163,12 @@ class Recorder:
         # steps: one marker per optimizer step unless the script calls memprof.step()
         runtime.on_optimizer_step(p, self._on_optimizer_step)
         runtime.on_profiler_start(p, self._on_profiler_start)
+
+    def _install_plans(self) -> None:
+        if self.stopped:  # a stale reference to the torch.compile wrapper, called after the capture
+            return
+        self.plan_recorder.install()
+        self._patches.on_undo(self.plan_recorder.uninstall)
 
     def _on_process_start(self, dataloader: bool) -> None:
         # DataLoader workers above all allocate where no capture sees: count them so the capture says so
@@ -210,6 +216,7 @@ class Recorder:
         return self.step
 
     def stop(self) -> None:
+        self.stopped = True
         C = native()
         warning = ""
         try:

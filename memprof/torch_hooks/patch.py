@@ -33,6 +33,7 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("torch._functorch.partitioners", "estimate_runtime"),
     ("torch.autograd.profiler", "_run_on_profiler_start"),
     ("torch.autograd.profiler", "_is_profiler_enabled"),
+    ("torch", "compile"),
     ("torch", "Tensor.backward"),
     ("torch.autograd", "backward"),
     ("networkx", "minimum_cut"),

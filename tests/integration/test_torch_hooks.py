@@ -109,3 +109,25 @@ def test_predict_restores_every_patched_symbol() -> None:
         sys.path[:] = saved
     assert [o.status for o in out] == ["completed", "completed"]
     _assert_restored(before)
+
+
+def test_the_compile_hooks_wait_for_the_first_compile(tmp_path: Path) -> None:
+    """A capture does not import Dynamo and Inductor (about two seconds) before the script compiles:
+    a script that never compiles never loads them, and one that compiles inside the capture still
+    has its plans and wrapper code recorded; `torch.compile` is torch's own again afterwards."""
+    import subprocess
+
+    code = ("import sys, torch, memprof\n"
+            "original = torch.compile\n"
+            "with memprof.capture() as cap:\n"
+            "    x = torch.empty(100)\n"
+            "print('dynamo loaded:', 'torch._dynamo' in sys.modules)\n"
+            "m = torch.nn.Linear(8, 8)\n"
+            "with memprof.capture() as cap:\n"
+            "    torch.compile(m)(torch.randn(4, 8)).sum().backward()\n"
+            "print('plans:', len(cap.plans), 'graphs:', len(cap.graphs))\n"
+            "print('restored:', torch.compile is original)\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "dynamo loaded: False" in res.stdout
+    assert "plans: 1 graphs: 2" in res.stdout and "restored: True" in res.stdout
