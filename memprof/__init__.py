@@ -9,7 +9,8 @@
 from __future__ import annotations
 
 from memprof._version import __version__
-from memprof.capture import Capture, CaptureInfo, LiveAllocation, load
+from memprof.capture import Capture, LiveAllocation, load
+from memprof.capture_info import CaptureInfo
 from memprof.errors import CaptureFileError, MemprofError, NativeUnavailable, SaveError
 from memprof.recorder import active, capture, step
 

@@ -226,13 +226,14 @@ _META_FIELDS: dict[str, tuple[str, Any]] = {
     "notes": ("a list of strings", _is_strings), "recompile_limits": ("a list of strings", _is_strings),
     "baselines": ("{device: {allocated, reserved}}", lambda v: isinstance(v, dict) and all(
         isinstance(d, dict) and all(_is_int(x) for x in d.values()) for d in v.values())),
+    "device_total": ("{device: bytes}", lambda v: isinstance(v, dict) and all(_is_count(x) for x in v.values())),
     "preexisting": ("{device: [[ptr, bytes], ...]}", lambda v: isinstance(v, dict) and all(
         isinstance(blocks, list) and all(isinstance(b, list) and len(b) == 2 and all(_is_int(x) for x in b)
                                          for b in blocks) for blocks in v.values())),
     **{k: ("a string", lambda v: isinstance(v, str)) for k in (
         "command", "status", "error", "stopped_by", "cuda_tracker", "cpu_threads", "step_source", "scopes",
         "memprof_version", "torch_version", "cuda_version", "python_version", "plans", "remat", "script",
-        "allocator_backend", "cpu_note")},
+        "allocator_backend", "cpu_note", "alloc_conf")},
 }
 
 

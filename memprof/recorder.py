@@ -105,6 +105,7 @@ class Recorder:
                     "allocated": int(torch.cuda.memory_allocated(d)),
                     "reserved": int(torch.cuda.memory_reserved(d)),
                 }
+        self.meta["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
         self.meta.update(baselines=baselines, max_events=self.max_events, scopes=self.scopes,
                          kernel_scopes=self.kernels,
                          cpu_note="cpu: bytes allocated during the capture (PyTorch does not report earlier ones)")
@@ -191,6 +192,8 @@ class Recorder:
             self.meta["cuda_tracker"] = "attached"
             for d in range(torch.cuda.device_count()):
                 self.meta["baselines"].setdefault(f"cuda:{d}", {"allocated": 0, "reserved": 0})
+                self.meta.setdefault("device_total", {})[f"cuda:{d}"] = int(
+                    torch.cuda.get_device_properties(d).total_memory)
             return
         self.meta["cuda_tracker"] = f"unavailable: {problem}"
         if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
@@ -217,6 +220,10 @@ class Recorder:
 
     def stop(self) -> None:
         self.stopped = True
+        rec = self.plan_recorder
+        if rec is not None and not rec.installed and runtime.dynamo_frames_compiled():
+            self._note("Dynamo compiled during the capture without a torch.compile call (torch._dynamo.optimize?): "
+                       "memprof's compile hooks wait for torch.compile, so no compile plans were recorded")
         C = native()
         warning = ""
         try:
@@ -237,7 +244,6 @@ class Recorder:
         self.meta.setdefault("step_source", None)
         strings = list(C.strings())
         C.release()
-        rec = self.plan_recorder
         self.cap.set_recorded(raw, strings, self.meta, threads, list(rec.plans) if rec else [],
                               list(rec.graphs) if rec else [], list(rec.tensors) if rec else [])
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from memprof._events import Kind, device_name
 from memprof.analysis.attribution import CATEGORIES, AttributionRow
+from memprof.analysis.oom import OomReport, oom_reports
 from memprof.analysis.timeline import freed_bytes, unfollowed_count
 from memprof.capture import Capture
 from memprof.plans import Plan
@@ -84,15 +84,6 @@ class DeviceSummary:
 
 
 @dataclass(frozen=True)
-class OomRow:
-    device: str
-    requested_bytes: int
-    free_bytes: int | None
-    t_s: float
-    scope: str
-
-
-@dataclass(frozen=True)
 class PlanSummary:
     index: int
     backend: str
@@ -130,7 +121,7 @@ class Summary:
     unfollowed_events: int
     cuda_tracker: str | None
     devices: list[DeviceSummary]
-    ooms: list[OomRow]
+    ooms: list[OomReport]  # OOM forensics, one per OOM (memprof.analysis.oom)
     notes: list[str]
 
     def to_json(self) -> dict[str, Any]:
@@ -173,13 +164,6 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
     )
 
 
-def _ooms(raw: np.ndarray, cap: Capture, t0: int) -> list[OomRow]:
-    return [OomRow(device_name(int(raw["device_type"][r]), int(raw["device_index"][r])), int(raw["bytes"][r]),
-                   int(raw["aux"][r]) if int(raw["aux"][r]) >= 0 else None, (int(raw["t_ns"][r]) - t0) / 1e9,
-                   cap.scope_name(int(raw["scope"][r])))
-            for r in np.flatnonzero(raw["kind"] == Kind.OOM)]
-
-
 def summarize(cap: Capture, top: int = 8) -> Summary:
     """Peak per device, the largest live allocations and scopes at each peak, steps, OOMs."""
     raw, meta, info = cap.raw, cap.meta, cap.info
@@ -192,7 +176,7 @@ def summarize(cap: Capture, top: int = 8) -> Summary:
         dropped_events=cap.dropped, exact=cap.exact, caveats=cap.caveats, steps_run=meta.get("steps"),
         max_events=meta.get("max_events"), unfollowed_events=unfollowed_count(raw),
         cuda_tracker=meta.get("cuda_tracker"), devices=[_device_summary(cap, d, top, t0) for d in cap.devices],
-        ooms=_ooms(raw, cap, t0), notes=list(meta.get("notes", [])),
+        ooms=oom_reports(cap, top), notes=list(meta.get("notes", [])),
     )
 
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from memprof.analysis.oom import format_oom
 from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, summarize
 from memprof.analysis.units import fmt_bytes
 from memprof.capture import Capture
@@ -111,9 +112,7 @@ def _tail(s: Summary) -> list[str]:
             lines.append(f"  {p.remat}")
     lines.extend(f"WARNING: {w}" for w in s.warnings)
     for o in s.ooms:
-        free = f", {fmt_bytes(o.free_bytes)} free on the device" if o.free_bytes is not None else ""
-        lines.append(f"OUT OF MEMORY on {o.device} at {o.t_s:.3f}s: requested "
-                     f"{fmt_bytes(o.requested_bytes)}{free} (in {o.scope or 'no scope'})")
+        lines.extend(format_oom(o))
     if s.unfollowed_events:
         lines.append(f"note: {s.unfollowed_events:,} allocator events came from threads memprof does not "
                      "follow (seen by the CUDA tracker only)")

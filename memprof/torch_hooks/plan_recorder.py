@@ -127,6 +127,7 @@ class PlanRecorder:
         self.graphs: list[CompiledGraph] = []
         self.tensors: list[KnownTensor] = []
         self.active = False
+        self.installed = False  # the hooks went in (memprof installs them at the first torch.compile)
         self._graph_plan: dict[int, int] = {}
         self._local = threading.local()
         self._hooks = contextlib.ExitStack()
@@ -135,7 +136,7 @@ class PlanRecorder:
 
     # -- install / uninstall ------------------------------------------------------------
     def install(self) -> None:
-        self.active = True
+        self.active = self.installed = True
         patches = self._hooks.enter_context(Patches())
         if self.knapsack_evaluator:
             try:

@@ -46,6 +46,17 @@ def on_first_compile(patches: Patches, install: Callable[[], None]) -> None:
     patches.set("torch", "compile", compile)
 
 
+def dynamo_frames_compiled() -> int:
+    """Frames Dynamo has compiled in this process (0 when Dynamo is not loaded)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    try:
+        return int(utils.counters["frames"]["ok"]) if utils is not None else 0
+    except Exception:
+        return 0
+
+
 def on_profiler_start(patches: Patches, before: Callable[[], None]) -> None:
     """Call `before` when torch.profiler starts (before it takes PyTorch's profiler slot)."""
     import torch.autograd.profiler as autograd_profiler

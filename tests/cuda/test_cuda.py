@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import memprof
+import memprof.reporters
 from memprof._events import Kind
 
 from ..conftest import ROOT, load_example, run_memprof
@@ -69,15 +70,29 @@ def test_paper_llama_matches_the_allocator_to_the_byte(budget: float) -> None:
 
 
 def test_oom_is_recorded_and_capture_kept() -> None:
+    """The OOM section's figures are PyTorch's own at the OOM: live rows sum to memory_allocated(),
+    reserved is memory_reserved(), total the device's memory."""
+    from memprof.analysis.oom import oom_reports
+
+    torch.cuda.synchronize()
     with memprof.capture() as cap:
         keep = torch.empty(1 << 20, device="cuda")
         with pytest.raises(torch.OutOfMemoryError):
             torch.empty(1 << 46, device="cuda")  # 256 TiB
+        allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
         del keep
     ooms = cap.raw[cap.raw["kind"] == Kind.OOM]
     assert len(ooms) >= 1
     assert int(ooms["bytes"][0]) >= (1 << 48)
     assert cap.peak("cuda:0") >= 4 << 20
+    report = oom_reports(cap)[0]
+    assert report.requested_bytes == int(ooms["bytes"][0]) and report.free_bytes is not None
+    assert report.allocated_bytes == allocated and sum(r.bytes for r in report.by_category) == allocated
+    assert sum(b for _what, b in report.by_age) == allocated
+    assert report.reserved_bytes == reserved
+    assert report.total_bytes == torch.cuda.get_device_properties(0).total_memory
+    assert report.outside_bytes == report.total_bytes - report.free_bytes - reserved
+    assert "OUT OF MEMORY on cuda:0" in memprof.reporters.render("text", cap)
 
 
 def test_allocations_on_unfollowed_threads_are_accounted() -> None:
