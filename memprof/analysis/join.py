@@ -60,8 +60,11 @@ def nesting(ctx: LabelContext, thread: int, begin: int, end: int, graph: Compile
                        in_child & (free_row < child_end))
 
 
-def verify(ctx: LabelContext, graph: CompiledGraph | None, n: CallNesting, alloc_pos: np.ndarray) -> str:
-    """Why the buffer join cannot be used for this call ("" when it verifies)."""
+def verify(ctx: LabelContext, graph: CompiledGraph | None, n: CallNesting, alloc_pos: np.ndarray,
+           interrupted: bool = False) -> str:
+    """Why the buffer join cannot be used for this call ("" when it verifies). A call that did not
+    end in the capture (`interrupted`: an OOM, an exception, a kill) verifies when what it
+    allocated is a prefix of the wrapper's allocations."""
     if graph is None:
         return "no compile plan for this graph (compiled before the capture started?)"
     if graph.notes:
@@ -70,8 +73,9 @@ def verify(ctx: LabelContext, graph: CompiledGraph | None, n: CallNesting, alloc
         return ", ".join(graph.wrapper.unsupported)
     expected = graph.wrapper.expected_allocs
     direct = np.flatnonzero(n.is_direct)
-    if len(direct) != len(expected):
+    if len(direct) != len(expected) and not (interrupted and len(direct) < len(expected)):
         return f"{len(direct)} wrapper allocations at run time, {len(expected)} in the wrapper code"
+    expected = expected[: len(direct)]
     cpu = ctx.tl.device == "cpu"
     sizes = ctx.tl.delta[alloc_pos[direct]].tolist()
     for alloc, size in zip(expected, sizes, strict=True):
@@ -195,10 +199,12 @@ def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, al
     tag = _ROLE_TAGS.get(role, "graph")
     tag = f"{tag}{plan.index}" if plan is not None else tag
     n = nesting(ctx, thread, begin, end, graph, alloc_pos)
-    reason = verify(ctx, graph, n, alloc_pos)
+    interrupted = end >= len(ctx.raw)  # the call was still running when the capture ended
+    reason = verify(ctx, graph, n, alloc_pos, interrupted)
     if reason:
         label_kernel_level(ctx, n, alloc_pos, role, tag, freed_in_bw)
         return CallJoin(key, role, thread, begin, end, len(alloc_pos), "kernel", reason)
     assert graph is not None
     label_buffers(ctx, n, alloc_pos, graph, plan, tag, freed_in_bw)
-    return CallJoin(key, role, thread, begin, end, len(alloc_pos), "buffer")
+    return CallJoin(key, role, thread, begin, end, len(alloc_pos), "buffer",
+                    "the call did not end in the capture: joined up to where it stopped" if interrupted else "")

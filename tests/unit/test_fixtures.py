@@ -85,3 +85,21 @@ def test_report_and_export_commands(tmp_path: Path) -> None:
                                                              cwd=tmp_path))
     assert "no step 99" in one_line_error(invoke_memprof("report", path, "--by", "node", "--at", "step:99",
                                                          cwd=tmp_path))
+
+
+def test_a_call_cut_short_is_still_joined_buffer_by_buffer() -> None:
+    """An OOM (or a kill) stops a compiled graph's call midway: what it allocated so far is a prefix
+    of its wrapper's allocations, and is joined to buffers and FX nodes, not guessed from lifetimes."""
+    cap = memprof.load(FIXTURES / "tiny_compiled.memprof")
+    dev = cap.main_device
+    call = next(c for c in cap.labels(dev).calls if c.role == "backward")
+    tl = cap.timeline(dev)
+    inside = [int(r) for r, a in zip(tl.rows, tl.is_alloc, strict=True) if a and call.begin_row < r < call.end_row]
+    assert len(inside) >= 2
+    cut = inside[len(inside) // 2] + 1  # the capture ends just after an allocation inside the call
+    short = memprof.Capture(raw=cap.raw[:cut].copy(), strings=cap.strings, meta=dict(cap.meta, status="oom"),
+                            threads=cap.threads, plans=cap.plans, graphs=cap.graphs, tensors=cap.tensors)
+    joined = [c for c in short.labels(dev).calls if c.begin_row == call.begin_row]
+    assert joined and joined[0].level == "buffer" and "did not end" in joined[0].reason
+    rows = short.attribution(at="peak", by="node", device=dev, lower_bound=True)
+    assert sum(r.bytes for r in rows) == short.peak(dev, lower_bound=True)
