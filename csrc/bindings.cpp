@@ -4,8 +4,10 @@
 #include <pybind11/stl.h>
 
 #include <cstddef>
+#include <cstring>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
 #include "capture.h"
 #include "events.h"
@@ -27,9 +29,21 @@ py::array copy_events_to_numpy() {
   return out;
 }
 
-py::list strings_to_python() {
+py::array copy_events_range_to_numpy(size_t start, size_t count) {
+  std::vector<memprof::Event> buf(count);
+  size_t copied = 0;
+  {
+    py::gil_scoped_release release;
+    copied = memprof::copy_events_range(start, buf.data(), count);
+  }
+  py::array_t<uint8_t> out(static_cast<py::ssize_t>(copied * sizeof(memprof::Event)));
+  std::memcpy(out.mutable_data(), buf.data(), copied * sizeof(memprof::Event));
+  return out;
+}
+
+py::list to_python(const std::vector<std::string>& strings) {
   py::list out;
-  for (const auto& s : memprof::strings()) {
+  for (const auto& s : strings) {
     PyObject* obj = PyUnicode_DecodeUTF8(s.data(), static_cast<Py_ssize_t>(s.size()), "replace");
     if (obj == nullptr) throw py::error_already_set();
     out.append(py::reinterpret_steal<py::str>(obj));
@@ -100,7 +114,12 @@ PYBIND11_MODULE(_C, m) {
   m.def("stop", &memprof::stop_capture, "Stop the active capture; returns a warning or ''.");
   m.def("active", &memprof::capture_active);
   m.def("events", &copy_events_to_numpy, "Events of the last capture as raw bytes (uint8).");
-  m.def("strings", &strings_to_python);
+  m.def("strings", [] { return to_python(memprof::strings()); });
+  m.def("event_count", &memprof::event_count, "Events recorded so far (or by the last capture).");
+  m.def("events_range", &copy_events_range_to_numpy, py::arg("start"), py::arg("count"),
+        "Events [start, start + count) as raw bytes, also while the capture runs (the spill).");
+  m.def("strings_from", [](size_t first) { return to_python(memprof::strings_from(first)); },
+        py::arg("first"));
   m.def("threads", [] {
     py::list out;
     for (const auto& t : memprof::thread_table()) {

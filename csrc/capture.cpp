@@ -496,6 +496,12 @@ size_t event_count() { return g_last ? g_last->store.size() : 0; }
 size_t copy_events(Event* dst, size_t capacity) {
   return g_last ? g_last->store.copy_to(dst, capacity) : 0;
 }
+size_t copy_events_range(size_t start, Event* dst, size_t count) {
+  return g_last ? g_last->store.copy_range(start, dst, count) : 0;
+}
+std::vector<std::string> strings_from(size_t first) {
+  return g_last ? g_last->strings.snapshot_from(first) : std::vector<std::string>{};
+}
 std::vector<std::string> strings() {
   return g_last ? g_last->strings.snapshot() : std::vector<std::string>{""};
 }

@@ -37,6 +37,9 @@ bool capture_active();
 // Results of the last capture (valid after stop_capture, until release()).
 size_t event_count();
 size_t copy_events(Event* dst, size_t capacity);
+// While the capture runs too (the spill): events [start, start + count), strings from id `first`.
+size_t copy_events_range(size_t start, Event* dst, size_t count);
+std::vector<std::string> strings_from(size_t first);
 std::vector<std::string> strings();
 uint64_t dropped_events();
 // Time of the first event that did not fit in max_events (-1 if none).

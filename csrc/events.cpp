@@ -32,6 +32,13 @@ std::vector<std::string> StringTable::snapshot() const {
   return out;
 }
 
+std::vector<std::string> StringTable::snapshot_from(size_t first) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (size_t i = first; i < strings_.size(); ++i) out.push_back(*strings_[i]);
+  return out;
+}
+
 EventStore::EventStore(size_t max_events) : max_events_(max_events) {}
 
 void EventStore::append(const Event& e) {
@@ -74,6 +81,21 @@ size_t EventStore::copy_to(Event* dst, size_t capacity) const {
   for (size_t c = 0; done < n; ++c) {
     const size_t take = std::min(kChunkEvents, n - done);
     std::memcpy(dst + done, chunks_[c].get(), take * sizeof(Event));
+    done += take;
+  }
+  return n;
+}
+
+size_t EventStore::copy_range(size_t start, Event* dst, size_t count) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (start >= size_) return 0;
+  const size_t n = std::min(count, size_ - start);
+  size_t done = 0;
+  while (done < n) {
+    const size_t at = start + done;
+    const size_t offset = at % kChunkEvents;
+    const size_t take = std::min(kChunkEvents - offset, n - done);
+    std::memcpy(dst + done, chunks_[at / kChunkEvents].get() + offset, take * sizeof(Event));
     done += take;
   }
   return n;

@@ -63,6 +63,8 @@ class StringTable {
   StringTable();
   uint32_t intern(std::string_view s);
   std::vector<std::string> snapshot() const;
+  // Strings from id `first` on (the spill writes them as they appear).
+  std::vector<std::string> snapshot_from(size_t first) const;
 
  private:
   mutable std::mutex mu_;
@@ -86,6 +88,9 @@ class EventStore {
   size_t bytes_reserved() const;
   // Copies all events into dst (capacity size() events); returns the count.
   size_t copy_to(Event* dst, size_t capacity) const;
+  // Copies events [start, start + count) (clipped to size()) into dst; returns the count. Safe while
+  // events are appended (the spill copies what the capture recorded so far).
+  size_t copy_range(size_t start, Event* dst, size_t count) const;
   // Frees all chunks (after the events were copied out).
   void clear();
 

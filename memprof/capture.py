@@ -171,7 +171,7 @@ class Capture:
         """Whether the capture's peak is the script's exact peak: no event was dropped and the capture
         was not stopped before the script ended (by torch.profiler starting)."""
         info = self.info
-        return not info.dropped_events and not info.stopped_by
+        return not info.dropped_events and not info.stopped_by and not info.recovered_from
 
     @property
     def caveats(self) -> list[str]:
@@ -186,6 +186,11 @@ class Capture:
             of_steps = f"; {kept} of the {info.steps} steps were captured whole" if info.steps else ""
             out.append(f"INCOMPLETE: {info.dropped_events:,} events were dropped{when} (max_events="
                        f"{info.max_events:,}){of_steps}: every peak is a lower bound; raise --max-events")
+        if info.recovered_from:
+            out.append(f"INCOMPLETE: the run was cut short before memprof could save it (killed, os._exit or a "
+                       f"crash); recovered from its spill {info.recovered_from}, which holds the events up to "
+                       f"{(info.t_stop_ns - t0) / 1e9:.2f} s (at most the last half second before the end is lost): "
+                       "every peak is a lower bound")
         if info.stopped_by:
             at = f" at {(info.t_stop_ns - t0) / 1e9:.2f} s" if info.t_stop_ns else ""
             out.append(f"INCOMPLETE: the capture stopped{at} when the script started {info.stopped_by} "
@@ -349,6 +354,18 @@ class Capture:
 
 def load(path: str | os.PathLike[str]) -> Capture:
     """Read a .memprof file written by `Capture.save` or `memprof trace` (`fileformat.read` checks
-    every member first: a truncated, corrupt or hostile file is one CaptureFileError line)."""
-    raw, strings, meta, threads, plans, graphs, tensors = fileformat.read(path)
+    every member first: a truncated, corrupt or hostile file is one CaptureFileError line). When
+    the file is missing but the spill of a run that was cut short is beside it (or `path` is the
+    spill), the capture is recovered from the spill (`memprof.spill`)."""
+    from memprof import spill
+
+    p = Path(path)
+    left = spill.spill_path(p)
+    if p.suffix == ".spill" and p.is_file():
+        parts = spill.read(p)
+    elif not p.exists() and left.is_file():
+        parts = spill.read(left)
+    else:
+        parts = fileformat.read(p)
+    raw, strings, meta, threads, plans, graphs, tensors = parts
     return Capture(raw=raw, strings=strings, meta=meta, threads=threads, plans=plans, graphs=graphs, tensors=tensors)

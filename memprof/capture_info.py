@@ -32,6 +32,7 @@ class CaptureInfo:
     recompile_limits: tuple[str, ...] = ()
     device_total: dict[str, int] = field(default_factory=dict)  # device -> its memory (bytes)
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF when the capture started
+    recovered_from: str | None = None  # the spill this capture was recovered from (the run was cut short)
 
     @staticmethod
     def from_meta(meta: dict[str, Any]) -> CaptureInfo:
@@ -53,4 +54,5 @@ class CaptureInfo:
             recompile_limits=tuple(str(x) for x in limits) if isinstance(limits, list) else (),
             device_total={str(d): _int(v) for d, v in (meta.get("device_total") or {}).items()},
             alloc_conf=meta.get("alloc_conf") if isinstance(meta.get("alloc_conf"), str) else None,
+            recovered_from=meta.get("recovered_from") if isinstance(meta.get("recovered_from"), str) else None,
         )

@@ -131,7 +131,12 @@ def _too_deep(value: Any, limit: int) -> bool:
 
 
 def _read_json(zf: zipfile.ZipFile, name: str, path: Path) -> Any:
-    data = _read(zf, name, path)
+    return loads_json(_read(zf, name, path), name, path)
+
+
+def loads_json(data: bytes, name: str, path: Path) -> Any:
+    """A JSON member of a capture (or a spill record), refused in one line when invalid or nested
+    too deeply."""
     try:
         value = json.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError, RecursionError):
@@ -275,7 +280,6 @@ def read(path: str | os.PathLike[str]) -> Parts:
                     f"{p}: written by a newer memprof (format version {version}; this memprof "
                     f"reads up to {FORMAT_VERSION}): upgrade memprof to read it"
                 )
-            _check_meta(meta, p)
             raw = _read_events(zf, p)
             strings = _read_json(zf, "strings.json", p)
             threads = _read_json(zf, "threads.json", p)
@@ -289,15 +293,22 @@ def read(path: str | os.PathLike[str]) -> Parts:
         raise CaptureFileError(f"{p}: corrupt capture ({_clip(str(exc), 120)})") from None
     except OSError as exc:
         raise CaptureFileError(f"{p}: cannot read ({exc.strerror or exc})") from None
-    if not isinstance(strings, list) or not strings or not all(isinstance(s, str) for s in strings):
-        raise CaptureFileError(f"{p}: corrupt capture (bad string table)")
-    _check_events(raw, strings, p)
-    threads = _check_threads(threads, p)
-    plans, graphs, tensors = _plans(plans_doc, sources, p)
     meta.pop("format", None)
     meta["format_version_read"] = meta.pop("format_version")
     meta["path"] = str(p)
-    return Parts(raw, strings, meta, threads, plans, graphs, tensors)
+    return checked(raw, strings, meta, threads, plans_doc, sources, p)
+
+
+def checked(raw: np.ndarray, strings: Any, meta: dict[str, Any], threads: Any, plans_doc: Any,
+            sources: dict[str, str], path: Path) -> Parts:
+    """A capture's parts, each checked (types, event fields in range); one CaptureFileError line
+    otherwise. (`read`, and the spill's recovery.)"""
+    if not isinstance(strings, list) or not strings or not all(isinstance(s, str) for s in strings):
+        raise CaptureFileError(f"{path}: corrupt capture (bad string table)")
+    _check_meta(meta, path)
+    _check_events(raw, strings, path)
+    plans, graphs, tensors = _plans(plans_doc, sources, path)
+    return Parts(raw, strings, meta, _check_threads(threads, path), plans, graphs, tensors)
 
 
 def _plans(doc: Any, sources: dict[str, str], path: Path) -> tuple[list[Plan], list[CompiledGraph], list[KnownTensor]]:

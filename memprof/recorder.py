@@ -14,7 +14,6 @@ import contextlib
 import datetime as _dt
 import os
 import platform
-import signal
 import sys
 import threading
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from memprof import spill
 from memprof._events import EVENT_DTYPE
 from memprof._native import native
 from memprof._version import __version__
@@ -30,7 +30,7 @@ from memprof.analysis.timeline import GC_START, GC_STOP
 from memprof.capture import Capture
 from memprof.errors import MemprofError, SaveError, one_line
 from memprof.outputs import resolve
-from memprof.runner import Terminated, outcome
+from memprof.runner import FatalSignals, outcome
 from memprof.torch_hooks import runtime
 from memprof.torch_hooks.patch import Patches
 
@@ -79,6 +79,7 @@ class Recorder:
         self.step = 0
         self.explicit_steps = False
         self.stopped = False
+        self.spill: spill.SpillWriter | None = None
         self._patches = Patches()
         self.meta = _base_meta()
         self.children = {"dataloader": 0, "other": 0}  # processes started with multiprocessing
@@ -165,6 +166,24 @@ class Recorder:
         runtime.on_optimizer_step(p, self._on_optimizer_step)
         runtime.on_profiler_start(p, self._on_profiler_start)
 
+    def start_spill(self, path: Path, meta: dict[str, Any]) -> None:
+        """Stream what this session records to `path` (`memprof.spill`) until it stops."""
+        try:
+            self.spill = spill.SpillWriter(path, native(), {**self.meta, **meta, "native_tid": self.native_tid},
+                                           self._recorded)
+        except OSError as exc:
+            print(f"memprof: warning: no spill at {path} ({exc.strerror or exc}): the capture is kept in memory "
+                  "only (a kill would lose it)", file=sys.stderr)
+
+    def _recorded(self) -> tuple[list[Any], list[Any], list[Any]]:
+        rec = self.plan_recorder
+        return (rec.plans, rec.graphs, rec.tensors) if rec is not None else ([], [], [])
+
+    def remove_spill(self) -> None:
+        if self.spill is not None:
+            with contextlib.suppress(OSError):
+                self.spill.path.unlink()
+
     def _install_plans(self) -> None:
         if self.stopped:  # a stale reference to the torch.compile wrapper, called after the capture
             return
@@ -220,6 +239,8 @@ class Recorder:
 
     def stop(self) -> None:
         self.stopped = True
+        if self.spill is not None:
+            self.spill.close()  # what was recorded up to here is on disk before the session ends
         rec = self.plan_recorder
         if rec is not None and not rec.installed and runtime.dynamo_frames_compiled():
             self._note("Dynamo compiled during the capture without a torch.compile call (torch._dynamo.optimize?): "
@@ -267,46 +288,14 @@ def _stop_active() -> None:
         rec.stop()
 
 
-class _FatalSignals:
-    """SIGTERM and SIGHUP, where they would kill the process outright (their default action), end
-    the block with `Terminated` instead, so the capture is saved; `deliver` then sends the signal
-    again with its default action back. Main thread only; signals with handlers are left alone."""
-
-    def __init__(self) -> None:
-        self._installed: dict[int, Any] = {}
-        self.received: int | None = None
-
-    def __enter__(self) -> _FatalSignals:
-        if threading.current_thread() is threading.main_thread():
-            for name in ("SIGTERM", "SIGHUP"):
-                sig = getattr(signal, name, None)
-                if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
-                    self._installed[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.received is None:
-            self.received = signum
-            raise Terminated(signum)
-
-    def restore(self) -> None:
-        for sig, handler in self._installed.items():
-            signal.signal(sig, handler)
-        self._installed.clear()
-
-    def __exit__(self, *exc: object) -> None:
-        self.restore()
-
-    def deliver(self) -> None:
-        if self.received is not None:
-            signal.raise_signal(self.received)
-
-
 def _save(cap: Capture, path: Path) -> None:
     try:
         cap.saved_to = cap.save(path)
     except OSError as exc:
-        raise SaveError(f"the capture could not be written to {path}: {exc.strerror or exc}") from None
+        kept = spill.spill_path(path)
+        also = (f" (its spill {kept} holds what was recorded: memprof report {path} recovers it)"
+                if kept.exists() else "")
+        raise SaveError(f"the capture could not be written to {path}: {exc.strerror or exc}{also}") from None
 
 
 @contextlib.contextmanager
@@ -320,6 +309,10 @@ def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
     if max_events <= 0:
         raise MemprofError(f"max_events must be positive, got {max_events}")
     out = resolve(output) if output is not None else None  # a chdir in the block must not move it
+    left = spill.spill_path(out) if out is not None else None
+    if left is not None and left.exists():
+        raise MemprofError(f"{left} is the spill of an earlier run that was cut short: memprof.load('{out}') "
+                           "(or memprof report) recovers it; move or delete it to record again")
     cap = Capture(meta=dict(meta or {}))
     rec = Recorder(cap, max_events, scopes, kernels, plans, knapsack_evaluator)
     with _lock:
@@ -327,7 +320,9 @@ def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
             raise MemprofError("a memprof capture is already active in this process")
         rec.start()
         _active = rec
-    signals = _FatalSignals()
+    if left is not None:
+        rec.start_spill(left, cap.meta)
+    signals = FatalSignals()
     ended: BaseException | None = None
     try:
         with signals:
@@ -348,6 +343,8 @@ def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
                 if ended is None:
                     raise
                 print(f"memprof: error: {exc}", file=sys.stderr)  # the block's own exception goes on
+            else:
+                rec.remove_spill()  # the capture is on disk: its spill has done its job
         signals.deliver()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import signal
 import sys
+import threading
 import traceback
 import types
 from dataclasses import dataclass
@@ -96,6 +97,41 @@ class SignalGuard:
         self.received.append(signum)
 
 
+class FatalSignals:
+    """SIGTERM and SIGHUP, where they would kill the process outright (their default action), end
+    the block with `Terminated` instead, so the capture is saved; `deliver` then sends the signal
+    again with its default action back. Main thread only; signals with handlers are left alone."""
+
+    def __init__(self) -> None:
+        self._installed: dict[int, Any] = {}
+        self.received: int | None = None
+
+    def __enter__(self) -> FatalSignals:
+        if threading.current_thread() is threading.main_thread():
+            for name in ("SIGTERM", "SIGHUP"):
+                sig = getattr(signal, name, None)
+                if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
+                    self._installed[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.received is None:
+            self.received = signum
+            raise Terminated(signum)
+
+    def restore(self) -> None:
+        for sig, handler in self._installed.items():
+            signal.signal(sig, handler)
+        self._installed.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    def deliver(self) -> None:
+        if self.received is not None:
+            signal.raise_signal(self.received)
+
+
 def interrupted(exc: KeyboardInterrupt | Terminated) -> ScriptResult:
     """The result of a script ended by Ctrl-C, SIGTERM or SIGHUP (`SignalGuard`), said on stderr."""
     result = outcome(exc)
@@ -177,8 +213,6 @@ def run_script(path: Path, args: list[str], stop: type[BaseException] | None = N
 
 
 def _main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()
 
 

@@ -47,6 +47,13 @@ def memprof_kernels() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def memprof_spill() -> Iterator[None]:
+    """The default capture streaming to its spill (what `memprof trace` does), saved at the end."""
+    with tempfile.TemporaryDirectory() as d, memprof.capture(output=Path(d) / "bench.memprof"):
+        yield
+
+
+@contextlib.contextmanager
 def memprof_ops() -> Iterator[None]:
     with memprof.capture(kernels=False):
         yield
@@ -82,6 +89,7 @@ def torch_profiler() -> Iterator[None]:
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "plain": plain,
     "memprof": memprof_kernels,
+    "memprof + spill (trace)": memprof_spill,
     "memprof --no-kernel-scopes": memprof_ops,
     "memprof --scopes graphs": memprof_graphs,
     "memprof --scopes none": memprof_allocs,

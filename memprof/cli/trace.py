@@ -54,6 +54,19 @@ def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | Non
     sys.stdout.flush()
 
 
+def _clear_spill(out: Path, force: bool) -> None:
+    """A spill a killed run left beside the output is its only copy: replaced only with --force."""
+    from memprof.errors import MemprofError
+    from memprof.spill import spill_path
+
+    left = spill_path(out)
+    if left.exists():
+        if not force:
+            raise MemprofError(f"{left} is the spill of an earlier run that was cut short: memprof report {out} "
+                               "recovers it; pass --force to replace it")
+        left.unlink()
+
+
 def traced(path: Path, script_args: list[str], out: Path, chrome_path: Path | None, opts: TraceOptions,
            launch: Path) -> tuple[Any, int]:
     """Run the script under capture as `memprof trace` does (saved whatever happens, summary
@@ -138,6 +151,7 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat
     out = resolve(output or f"{path.stem}.memprof")
     chrome_path = resolve(chrome) if chrome else None
     check_outputs({"-o": out, "--chrome": chrome_path}, [("script", path)], force)
+    _clear_spill(out, force)
     opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes)
     _cap, code = traced(path, list(script_args), out, chrome_path, opts, launch)
     return code

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from memprof.errors import MemprofError, one_line
+from memprof.spill import spill_path
 from memprof.sweep.measure import ChildResult, Measured
 from memprof.sweep.result import Run, Sweep
 from memprof.sweep.spec import budget_label
@@ -33,7 +34,8 @@ Progress = Callable[[Run], None]
 # Marks a directory as a sweep memprof wrote: `--force` replaces only such a directory, and in it
 # only the files a sweep writes (SWEEP_FILES), never anything the user put there.
 MANIFEST = ".memprof-sweep.json"
-SWEEP_FILES = ("*.memprof", "sweep.json", "sweep.png", "sweep.svg", "logs/*.log", "logs/*.json")
+SWEEP_FILES = ("*.memprof", "*.memprof.spill", "sweep.json", "sweep.png", "sweep.svg", "logs/*.log",
+               "logs/*.json")
 
 
 def prepare_dir(out: Path, force: bool, script: Path | None = None) -> None:
@@ -176,7 +178,8 @@ def _collect(out: Path, variant: str, budget: float, label: str, measure_path: P
         error = f"stopped after {timeout:g} s (--timeout)" if timeout is not None else "stopped (timeout)"
     elif own_rc != 0 and not error:
         error = _last_line(out / log_name) or f"exit code {own_rc}"
-    capture = cap_name if (out / cap_name).exists() else None
+    # a child that was killed leaves its spill, which load() recovers (the run cut short)
+    capture = cap_name if (out / cap_name).exists() or spill_path(out / cap_name).exists() else None
     if measured is None and capture is not None:
         try:  # the child could not measure (or died after saving): measure the saved capture here
             from memprof.capture import load

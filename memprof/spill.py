@@ -1,0 +1,168 @@
+"""The spill: what a running capture has recorded, appended every half second to a file beside its
+output (`<output>.spill`), so that `kill -9`, `os._exit` or a machine crash loses at most the last
+interval. A capture that is saved normally removes its spill; `memprof.load(OUTPUT)` recovers one
+that was left behind.
+
+The file: `MAGIC`, then records of one type byte, an 8-byte little-endian length and the payload:
+`M` the capture's metadata at its start (JSON), `E` events (raw `EVENT_DTYPE` records, in order),
+`S` strings (JSON list: the next ids), `T` the thread table (JSON), `P` compile plans, graphs
+(with their wrapper source) and known tensors recorded since the last `P` (JSON). A record the
+kill cut short is ignored. Each write is flushed and fsynced: a machine crash keeps what was
+written before the last interval.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memprof._events import EVENT_DTYPE, Kind
+from memprof.errors import CaptureFileError, one_line
+from memprof.fileformat import Parts, checked, loads_json
+
+MAGIC = b"MEMPROF-SPILL 1\n"
+INTERVAL_S = 0.5
+RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
+_HEAD = struct.Struct("<cQ")
+
+
+def spill_path(output: Path) -> Path:
+    return output.with_name(output.name + ".spill")
+
+
+class SpillWriter:
+    """Copies what the native session records to the spill from a background thread.
+
+    A spill that cannot be written (a full disk, a read-only directory) is one stderr line and the
+    capture goes on in memory; the job itself never fails over it."""
+
+    def __init__(self, path: Path, native: Any, meta: dict[str, Any],
+                 recorded: Callable[[], tuple[list[Any], list[Any], list[Any]]]) -> None:
+        self.path, self.native, self.recorded = path, native, recorded
+        self.events = self.strings = self.plans = self.graphs = self.tensors = 0
+        self.threads: list[Any] = []
+        self.failed = False
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        self._write(MAGIC, raw=True)
+        self._record(b"M", json.dumps(meta, default=str).encode())
+        self._thread = threading.Thread(target=self._run, name="memprof-spill", daemon=True)
+        self._thread.start()
+
+    def _write(self, data: bytes, raw: bool = False) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def _record(self, kind: bytes, payload: bytes) -> None:
+        self._write(_HEAD.pack(kind, len(payload)) + payload)
+
+    def _run(self) -> None:
+        while not self._stop.wait(INTERVAL_S):
+            self.flush()
+
+    def flush(self) -> None:
+        """Append what was recorded since the last flush."""
+        with self._lock:
+            if self.failed:
+                return
+            try:
+                self._flush()
+            except OSError as exc:
+                self.failed = True
+                print(f"memprof: warning: the spill {self.path} could not be written ({exc.strerror or exc}); "
+                      "the capture goes on in memory (a kill would lose it)", file=sys.stderr)
+            except Exception as exc:  # never fail the user's job over its spill
+                self.failed = True
+                print(f"memprof: warning: the spill stopped ({one_line(exc)})", file=sys.stderr)
+
+    def _flush(self) -> None:
+        C = self.native
+        n = int(C.event_count())
+        data = bytes(C.events_range(self.events, n - self.events)) if n > self.events else b""
+        strings = C.strings_from(self.strings)  # read after the events: every id they use is in
+        if strings:  # written before them: a record cut short never leaves events without names
+            self._record(b"S", json.dumps(strings).encode())
+            self.strings += len(strings)
+        step = RECORD_EVENTS * EVENT_DTYPE.itemsize  # bounded records: a kill mid-write loses one
+        for at in range(0, len(data), step):
+            self._record(b"E", data[at : at + step])
+        self.events += len(data) // EVENT_DTYPE.itemsize
+        threads = [list(t) for t in C.threads()]
+        if threads != self.threads:
+            self._record(b"T", json.dumps([{"index": i, "tid": tid, "name": nm} for i, tid, nm in threads]).encode())
+            self.threads = threads
+        plans, graphs, tensors = self.recorded()
+        if len(plans) > self.plans or len(graphs) > self.graphs or len(tensors) > self.tensors:
+            new_graphs = graphs[self.graphs:]
+            doc = {"plans": [p.to_json() for p in plans[self.plans:]], "graphs": [g.to_json() for g in new_graphs],
+                   "sources": [g.source for g in new_graphs], "tensors": [list(t) for t in tensors[self.tensors:]]}
+            self._record(b"P", json.dumps(doc, separators=(",", ":")).encode())
+            self.plans, self.graphs, self.tensors = len(plans), len(graphs), len(tensors)
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        """Stop the thread, write what is left, close the file (it stays until the capture is saved)."""
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+        os.close(self._fd)
+
+
+def _records(data: bytes, path: Path) -> list[tuple[bytes, bytes]]:
+    if not data.startswith(MAGIC):
+        raise CaptureFileError(f"{path}: not a memprof spill")
+    out, pos = [], len(MAGIC)
+    while pos + _HEAD.size <= len(data):
+        kind, length = _HEAD.unpack_from(data, pos)
+        if pos + _HEAD.size + length > len(data):
+            break  # the record the kill cut short
+        out.append((kind, data[pos + _HEAD.size : pos + _HEAD.size + length]))
+        pos += _HEAD.size + length
+    return out
+
+
+def read(path: Path) -> Parts:
+    """The capture a spill holds, marked as cut short (`Capture.caveats` says what was lost)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CaptureFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    meta: dict[str, Any] = {}
+    strings: list[Any] = []
+    threads: Any = []
+    chunks: list[bytes] = []
+    doc: dict[str, list[Any]] = {"plans": [], "graphs": [], "tensors": []}
+    sources: dict[str, str] = {}
+    for kind, payload in _records(data, path):
+        if kind == b"E":
+            chunks.append(payload[: len(payload) - len(payload) % EVENT_DTYPE.itemsize])
+            continue
+        value = loads_json(payload, f"spill record {kind.decode(errors='replace')}", path)
+        if kind == b"M" and isinstance(value, dict):
+            meta = value
+        elif kind == b"S" and isinstance(value, list):
+            strings += value
+        elif kind == b"T":
+            threads = value
+        elif kind == b"P" and isinstance(value, dict):
+            for src in value.get("sources", []):
+                sources[f"wrappers/{len(sources)}.py"] = str(src)
+            for key in doc:
+                doc[key] += list(value.get(key, []))
+    raw = np.frombuffer(b"".join(chunks), dtype=EVENT_DTYPE).copy()
+    last = int(raw["t_ns"].max()) if len(raw) else int(meta.get("t_start_ns") or 0)
+    meta.update(status="cut short", recovered_from=str(path), t_stop_ns=last, path=str(path),
+                steps=int((raw["kind"] == Kind.STEP).sum()))
+    main = [t.get("index") for t in threads if isinstance(t, dict) and t.get("tid") == meta.get("native_tid")]
+    meta.setdefault("main_thread", main[0] if main else None)
+    return checked(raw, strings, meta, threads, doc, sources, path)
