@@ -199,7 +199,10 @@ def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, al
     tag = _ROLE_TAGS.get(role, "graph")
     tag = f"{tag}{plan.index}" if plan is not None else tag
     n = nesting(ctx, thread, begin, end, graph, alloc_pos)
-    interrupted = end >= len(ctx.raw)  # the call was still running when the capture ended
+    # the call was still running when the capture ended, or an OOM ended it (its scope closes as the
+    # exception unwinds)
+    oom = ctx.oom_rows
+    interrupted = end >= len(ctx.raw) or bool(((oom > begin) & (oom < end)).any())
     reason = verify(ctx, graph, n, alloc_pos, interrupted)
     if reason:
         label_kernel_level(ctx, n, alloc_pos, role, tag, freed_in_bw)
@@ -207,4 +210,5 @@ def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, al
     assert graph is not None
     label_buffers(ctx, n, alloc_pos, graph, plan, tag, freed_in_bw)
     return CallJoin(key, role, thread, begin, end, len(alloc_pos), "buffer",
-                    "the call did not end in the capture: joined up to where it stopped" if interrupted else "")
+                    "the call was cut short (an OOM, or the capture's end): joined up to where it stopped"
+                    if interrupted else "")

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from memprof._events import Kind
 from memprof.analysis.scopes import ScopeIndex
 from memprof.analysis.timeline import Timeline
 from memprof.plans import CompiledGraph, Plan, layer_of
@@ -109,6 +110,7 @@ class LabelContext:
         self.kernel = np.zeros(n, dtype=np.int32)
         self.thread = raw["thread"][tl.rows].astype(np.int64)
         self.free_row = np.where(tl.free_of >= 0, tl.rows[np.maximum(tl.free_of, 0)], len(raw)).astype(np.int64)
+        self.oom_rows = np.flatnonzero(raw["kind"] == Kind.OOM)
 
     def set(self, pos: np.ndarray | int, category: int, node: str = "", layer: str = "", kernel: str = "") -> None:
         self.category[pos] = category

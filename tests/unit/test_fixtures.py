@@ -87,19 +87,30 @@ def test_report_and_export_commands(tmp_path: Path) -> None:
                                                          cwd=tmp_path))
 
 
-def test_a_call_cut_short_is_still_joined_buffer_by_buffer() -> None:
+@pytest.mark.parametrize("how", ["capture ends", "oom"])
+def test_a_call_cut_short_is_still_joined_buffer_by_buffer(how: str) -> None:
     """An OOM (or a kill) stops a compiled graph's call midway: what it allocated so far is a prefix
-    of its wrapper's allocations, and is joined to buffers and FX nodes, not guessed from lifetimes."""
+    of its wrapper's allocations, and is joined to buffers and FX nodes, not guessed from lifetimes.
+    After an OOM the call's scope still closes (the exception unwinds it)."""
+    import numpy as np
+
+    from memprof._events import Kind
+
     cap = memprof.load(FIXTURES / "tiny_compiled.memprof")
     dev = cap.main_device
     call = next(c for c in cap.labels(dev).calls if c.role == "backward")
     tl = cap.timeline(dev)
     inside = [int(r) for r, a in zip(tl.rows, tl.is_alloc, strict=True) if a and call.begin_row < r < call.end_row]
     assert len(inside) >= 2
-    cut = inside[len(inside) // 2] + 1  # the capture ends just after an allocation inside the call
-    short = memprof.Capture(raw=cap.raw[:cut].copy(), strings=cap.strings, meta=dict(cap.meta, status="oom"),
+    cut = inside[len(inside) // 2] + 1  # just after an allocation inside the call
+    raw = cap.raw[:cut].copy()
+    if how == "oom":
+        oom = raw[-1:].copy()
+        oom["kind"], oom["bytes"], oom["aux"] = Kind.OOM, 1 << 40, 0
+        raw = np.concatenate([raw, oom, cap.raw[call.end_row : call.end_row + 1]])  # then the call's end
+    short = memprof.Capture(raw=raw, strings=cap.strings, meta=dict(cap.meta, status="oom"),
                             threads=cap.threads, plans=cap.plans, graphs=cap.graphs, tensors=cap.tensors)
     joined = [c for c in short.labels(dev).calls if c.begin_row == call.begin_row]
-    assert joined and joined[0].level == "buffer" and "did not end" in joined[0].reason
+    assert joined and joined[0].level == "buffer" and "cut short" in joined[0].reason
     rows = short.attribution(at="peak", by="node", device=dev, lower_bound=True)
     assert sum(r.bytes for r in rows) == short.peak(dev, lower_bound=True)
