@@ -124,8 +124,8 @@ def _calls_of_children(ctx: LabelContext, n: CallNesting, wrapper: WrapperCode) 
 class _BufferCategories:
     """The category of a buffer allocation from its graph's plan (saved, recomputed, masks)."""
 
-    def __init__(self, plan: Plan | None, wrapper: WrapperCode, role: str) -> None:
-        self.plan, self.role = plan, role
+    def __init__(self, plan: Plan | None, wrapper: WrapperCode, role: str, interrupted: bool = False) -> None:
+        self.plan, self.role, self.interrupted = plan, role, interrupted
         self.nfo = plan.num_fwd_outputs if plan is not None else len(wrapper.outputs)
         self.out_positions: dict[str, list[int]] = defaultdict(list)
         for i, o in enumerate(wrapper.outputs):
@@ -141,6 +141,10 @@ class _BufferCategories:
                  if plan is not None and self.nfo <= p < self.nfo + len(plan.saved)]
         if self.role == "forward" and saved:
             return saved[0], Category.RNG_MASK if any(s in self.masks for s in saved) else Category.SAVED_ACTIVATION
+        if self.interrupted:  # a call cut short: what outlives it says nothing; what it returns would be
+            if self.role == "backward" and root in self.out_positions:
+                return primary, Category.GRADIENT
+            survives_call = False
         if not survives_call:
             if self.role == "backward" and primary in self.recomputed:
                 return primary, Category.RNG_MASK if primary in self.masks else Category.RECOMPUTED
@@ -151,11 +155,11 @@ class _BufferCategories:
 
 
 def label_buffers(ctx: LabelContext, n: CallNesting, alloc_pos: np.ndarray, graph: CompiledGraph,
-                  plan: Plan | None, tag: str, freed_in_bw: np.ndarray) -> None:
+                  plan: Plan | None, tag: str, freed_in_bw: np.ndarray, interrupted: bool = False) -> None:
     """Labels of a verified call: each allocation's buffer, FX node and category."""
     wrapper = graph.wrapper
     call_of_child = _calls_of_children(ctx, n, wrapper)
-    categories = _BufferCategories(plan, wrapper, graph.role)
+    categories = _BufferCategories(plan, wrapper, graph.role, interrupted)
     expected = wrapper.expected_allocs
     d = 0
     for i in range(len(alloc_pos)):
@@ -208,7 +212,7 @@ def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, al
         label_kernel_level(ctx, n, alloc_pos, role, tag, freed_in_bw)
         return CallJoin(key, role, thread, begin, end, len(alloc_pos), "kernel", reason)
     assert graph is not None
-    label_buffers(ctx, n, alloc_pos, graph, plan, tag, freed_in_bw)
+    label_buffers(ctx, n, alloc_pos, graph, plan, tag, freed_in_bw, interrupted)
     return CallJoin(key, role, thread, begin, end, len(alloc_pos), "buffer",
                     "the call was cut short (an OOM, or the capture's end): joined up to where it stopped"
                     if interrupted else "")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import memprof
-from memprof.analysis.attribution import BY, CATEGORIES
+from memprof.analysis.attribution import BY, CATEGORIES, Category
 from memprof.analysis.summary import summarize
 from memprof.reporters import render
 from memprof.reporters.chrome import validate_chrome_trace
@@ -114,3 +114,10 @@ def test_a_call_cut_short_is_still_joined_buffer_by_buffer(how: str) -> None:
     assert joined and joined[0].level == "buffer" and "cut short" in joined[0].reason
     rows = short.attribution(at="peak", by="node", device=dev, lower_bound=True)
     assert sum(r.bytes for r in rows) == short.peak(dev, lower_bound=True)
+    # what the cut call allocated is in flight, not the step's gradients, unless it is one: a gradient
+    # the optimizer later names (a known tensor) or a buffer the wrapper returns
+    labels, stl = short.labels(dev), short.timeline(dev)
+    mine = [p for p in range(len(stl.rows)) if stl.is_alloc[p] and call.begin_row < stl.rows[p] < cut]
+    assert mine and any(labels.category[p] != Category.GRADIENT for p in mine)
+    assert all(labels.names[labels.node[p]].startswith("gradient:") for p in mine
+               if labels.category[p] == Category.GRADIENT)
