@@ -164,5 +164,7 @@ def read(path: Path) -> Parts:
     meta.update(status="cut short", recovered_from=str(path), t_stop_ns=last, path=str(path),
                 steps=int((raw["kind"] == Kind.STEP).sum()))
     main = [t.get("index") for t in threads if isinstance(t, dict) and t.get("tid") == meta.get("native_tid")]
+    if not main and len(raw):  # no thread table written yet: the capture starts on its own thread
+        main = [int(raw["thread"][0])]
     meta.setdefault("main_thread", main[0] if main else None)
     return checked(raw, strings, meta, threads, doc, sources, path)
