@@ -288,10 +288,12 @@ def _stop_active() -> None:
         rec.stop()
 
 
-def _save(cap: Capture, path: Path) -> None:
+def _save(cap: Capture, path: Path, rec: Recorder) -> None:
     try:
         cap.saved_to = cap.save(path)
     except OSError as exc:
+        if rec.spill is not None and rec.spill.failed:  # (a full disk) a partial spill is no copy: nothing stays
+            rec.remove_spill()
         kept = spill.spill_path(path)
         also = (f" (its spill {kept} holds what was recorded: memprof report {path} recovers it)"
                 if kept.exists() else "")
@@ -338,7 +340,7 @@ def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
         cap.note_outcome(result.status, result.exit_code, result.error)
         if out is not None and not cap.recording:
             try:
-                _save(cap, out)
+                _save(cap, out, rec)
             except SaveError as exc:
                 if ended is None:
                     raise

@@ -53,12 +53,12 @@ class SpillWriter:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        self._write(MAGIC, raw=True)
+        self._write(MAGIC)
         self._record(b"M", json.dumps(meta, default=str).encode())
         self._thread = threading.Thread(target=self._run, name="memprof-spill", daemon=True)
         self._thread.start()
 
-    def _write(self, data: bytes, raw: bool = False) -> None:
+    def _write(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view):]
