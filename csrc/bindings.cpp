@@ -25,7 +25,11 @@ py::array copy_events_to_numpy() {
     py::gil_scoped_release release;
     copied = memprof::copy_events(dst, n);
   }
-  if (copied != n) throw std::runtime_error("event store changed during copy-out");
+  if (copied != n) {
+    throw std::runtime_error(memprof::released_events() > 0
+                                 ? "events were released to the spill; read them from there"
+                                 : "event store changed during copy-out");
+  }
   return out;
 }
 
@@ -118,6 +122,10 @@ PYBIND11_MODULE(_C, m) {
   m.def("event_count", &memprof::event_count, "Events recorded so far (or by the last capture).");
   m.def("events_range", &copy_events_range_to_numpy, py::arg("start"), py::arg("count"),
         "Events [start, start + count) as raw bytes, also while the capture runs (the spill).");
+  m.def("release_events_before", &memprof::release_events_before, py::arg("n"),
+        "Free the event chunks before event n (the spill holds them).");
+  m.def("released_events", &memprof::released_events);
+  m.def("store_bytes", &memprof::store_bytes, "Memory the event store holds now (bytes).");
   m.def("strings_from", [](size_t first) { return to_python(memprof::strings_from(first)); },
         py::arg("first"));
   m.def("threads", [] {

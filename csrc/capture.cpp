@@ -499,6 +499,11 @@ size_t copy_events(Event* dst, size_t capacity) {
 size_t copy_events_range(size_t start, Event* dst, size_t count) {
   return g_last ? g_last->store.copy_range(start, dst, count) : 0;
 }
+void release_events_before(size_t n) {
+  if (g_last) g_last->store.release_before(n);
+}
+size_t released_events() { return g_last ? g_last->store.released() : 0; }
+size_t store_bytes() { return g_last ? g_last->store.bytes_reserved() : 0; }
 std::vector<std::string> strings_from(size_t first) {
   return g_last ? g_last->strings.snapshot_from(first) : std::vector<std::string>{};
 }

@@ -40,6 +40,9 @@ size_t copy_events(Event* dst, size_t capacity);
 // While the capture runs too (the spill): events [start, start + count), strings from id `first`.
 size_t copy_events_range(size_t start, Event* dst, size_t count);
 std::vector<std::string> strings_from(size_t first);
+void release_events_before(size_t n);
+size_t released_events();
+size_t store_bytes();
 std::vector<std::string> strings();
 uint64_t dropped_events();
 // Time of the first event that did not fit in max_events (-1 if none).

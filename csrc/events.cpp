@@ -71,11 +71,24 @@ int64_t EventStore::first_dropped_ns() const {
 
 size_t EventStore::bytes_reserved() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return chunks_.size() * kChunkEvents * sizeof(Event);
+  return (chunks_.size() - released_ / kChunkEvents) * kChunkEvents * sizeof(Event);
+}
+
+void EventStore::release_before(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const size_t upto = std::min(n, size_) / kChunkEvents;  // whole chunks only
+  for (size_t c = released_ / kChunkEvents; c < upto; ++c) chunks_[c].reset();
+  released_ = std::max(released_, upto * kChunkEvents);
+}
+
+size_t EventStore::released() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return released_;
 }
 
 size_t EventStore::copy_to(Event* dst, size_t capacity) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (released_ > 0) return 0;  // some events live only in the spill now
   const size_t n = std::min(size_, capacity);
   size_t done = 0;
   for (size_t c = 0; done < n; ++c) {
@@ -88,7 +101,7 @@ size_t EventStore::copy_to(Event* dst, size_t capacity) const {
 
 size_t EventStore::copy_range(size_t start, Event* dst, size_t count) const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (start >= size_) return 0;
+  if (start >= size_ || start < released_) return 0;
   const size_t n = std::min(count, size_ - start);
   size_t done = 0;
   while (done < n) {
@@ -106,6 +119,7 @@ void EventStore::clear() {
   chunks_.clear();
   chunks_.shrink_to_fit();
   size_ = 0;
+  released_ = 0;
 }
 
 int64_t now_ns() {

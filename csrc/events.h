@@ -91,6 +91,10 @@ class EventStore {
   // Copies events [start, start + count) (clipped to size()) into dst; returns the count. Safe while
   // events are appended (the spill copies what the capture recorded so far).
   size_t copy_range(size_t start, Event* dst, size_t count) const;
+  // Frees the chunks whose events all lie before `n` (the spill has them on disk): the memory a
+  // streaming capture holds stays about one chunk. Those events can no longer be copied out.
+  void release_before(size_t n);
+  size_t released() const;
   // Frees all chunks (after the events were copied out).
   void clear();
 
@@ -98,6 +102,7 @@ class EventStore {
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Event[]>> chunks_;
   size_t size_ = 0;
+  size_t released_ = 0;  // events in freed chunks (a multiple of kChunkEvents)
   size_t max_events_;
   uint64_t dropped_ = 0;
   int64_t first_dropped_ns_ = -1;

@@ -96,7 +96,7 @@ class SpillWriter:
         step = RECORD_EVENTS * EVENT_DTYPE.itemsize  # bounded records: a kill mid-write loses one
         for at in range(0, len(data), step):
             self._record(b"E", data[at : at + step])
-        self.events += len(data) // EVENT_DTYPE.itemsize
+        written = self.events + len(data) // EVENT_DTYPE.itemsize
         threads = [list(t) for t in C.threads()]
         if threads != self.threads:
             self._record(b"T", json.dumps([{"index": i, "tid": tid, "name": nm} for i, tid, nm in threads]).encode())
@@ -109,6 +109,16 @@ class SpillWriter:
             self._record(b"P", json.dumps(doc, separators=(",", ":")).encode())
             self.plans, self.graphs, self.tensors = len(plans), len(graphs), len(tensors)
         os.fsync(self._fd)
+        # on disk now: the native store may free them (its memory stays about one chunk)
+        self.events = written
+        C.release_events_before(written)
+
+    def events_written(self) -> np.ndarray:
+        """The events this writer put in its spill (read back: the store released most of them)."""
+        data = self.path.read_bytes()
+        chunks = [p for kind, p in _records(data, self.path) if kind == b"E"]
+        raw = np.frombuffer(b"".join(chunks), dtype=EVENT_DTYPE)
+        return raw[: self.events].copy()
 
     def close(self) -> None:
         """Stop the thread, write what is left, close the file (it stays until the capture is saved)."""

@@ -57,3 +57,35 @@ def test_a_killed_trace_is_recovered_from_its_spill(tmp_path: Path) -> None:
     # the spill is the only copy: a new trace to the same output keeps it unless --force
     line = one_line_error(invoke_memprof("trace", "train.py", "-o", "run.memprof", cwd=tmp_path))
     assert "spill of an earlier run" in line and spill.exists()
+
+
+def test_a_streaming_capture_holds_about_one_chunk_and_loses_nothing(tmp_path: Path) -> None:
+    """While a capture with an output runs, the native store frees what the spill has on disk: its
+    memory stays about one chunk (1.8 MB) however long the run; the saved capture still holds every
+    event, the same as a capture kept in memory."""
+    import torch
+
+    from memprof._native import native
+
+    def loop(n: int) -> None:
+        keep = []
+        for i in range(n):
+            keep.append(torch.empty(16 + i % 5))
+            if len(keep) > 20:
+                keep.pop(0)
+
+    with memprof.capture() as in_ram:
+        for _ in range(6):
+            loop(10_000)
+    held, released = [], 0
+    with memprof.capture(output=tmp_path / "run.memprof") as streamed:
+        for _ in range(6):
+            loop(10_000)
+            time.sleep(0.6)  # a flush of the spill
+            held.append(native().store_bytes())
+        released = native().released_events()
+    assert released > 100_000 and max(held) <= 2 * (1 << 15) * 56, (released, held)
+    assert not (tmp_path / "run.memprof.spill").exists()
+    saved = memprof.load(tmp_path / "run.memprof")
+    assert np.array_equal(_alloc_sequence(saved), _alloc_sequence(in_ram))
+    assert len(saved.raw) == len(streamed.raw) and streamed.peak("cpu") == in_ram.peak("cpu")
