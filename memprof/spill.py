@@ -58,13 +58,14 @@ class SpillWriter:
         self._thread = threading.Thread(target=self._run, name="memprof-spill", daemon=True)
         self._thread.start()
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(self._fd, view):]
 
-    def _record(self, kind: bytes, payload: bytes) -> None:
-        self._write(_HEAD.pack(kind, len(payload)) + payload)
+    def _record(self, kind: bytes, payload: bytes | memoryview) -> None:
+        self._write(_HEAD.pack(kind, len(payload)))
+        self._write(payload)  # (not joined to the head: no copy of a large payload)
 
     def _run(self) -> None:
         while not self._stop.wait(INTERVAL_S):
@@ -88,7 +89,7 @@ class SpillWriter:
     def _flush(self) -> None:
         C = self.native
         n = int(C.event_count())
-        data = bytes(C.events_range(self.events, n - self.events)) if n > self.events else b""
+        data = memoryview(C.events_range(self.events, n - self.events)) if n > self.events else memoryview(b"")
         strings = C.strings_from(self.strings)  # read after the events: every id they use is in
         if strings:  # written before them: a record cut short never leaves events without names
             self._record(b"S", json.dumps(strings).encode())
@@ -115,10 +116,7 @@ class SpillWriter:
 
     def events_written(self) -> np.ndarray:
         """The events this writer put in its spill (read back: the store released most of them)."""
-        data = self.path.read_bytes()
-        chunks = [p for kind, p in _records(data, self.path) if kind == b"E"]
-        raw = np.frombuffer(b"".join(chunks), dtype=EVENT_DTYPE)
-        return raw[: self.events].copy()
+        return _events(_records(self.path.read_bytes(), self.path))[: self.events]
 
     def close(self) -> None:
         """Stop the thread, write what is left, close the file (it stays until the capture is saved)."""
@@ -141,6 +139,13 @@ def _records(data: bytes, path: Path) -> list[tuple[bytes, bytes]]:
     return out
 
 
+def _events(records: list[tuple[bytes, bytes]]) -> np.ndarray:
+    """The events of a spill's E records, in order (a record's torn tail dropped)."""
+    size = EVENT_DTYPE.itemsize
+    data = b"".join(p[: len(p) - len(p) % size] for kind, p in records if kind == b"E")
+    return np.frombuffer(data, dtype=EVENT_DTYPE).copy()
+
+
 def read(path: Path) -> Parts:
     """The capture a spill holds, marked as cut short (`Capture.caveats` says what was lost)."""
     try:
@@ -150,12 +155,11 @@ def read(path: Path) -> Parts:
     meta: dict[str, Any] = {}
     strings: list[Any] = []
     threads: Any = []
-    chunks: list[bytes] = []
     doc: dict[str, list[Any]] = {"plans": [], "graphs": [], "tensors": []}
     sources: dict[str, str] = {}
-    for kind, payload in _records(data, path):
+    records = _records(data, path)
+    for kind, payload in records:
         if kind == b"E":
-            chunks.append(payload[: len(payload) - len(payload) % EVENT_DTYPE.itemsize])
             continue
         value = loads_json(payload, f"spill record {kind.decode(errors='replace')}", path)
         if kind == b"M" and isinstance(value, dict):
@@ -169,7 +173,7 @@ def read(path: Path) -> Parts:
                 sources[f"wrappers/{len(sources)}.py"] = str(src)
             for key in doc:
                 doc[key] += list(value.get(key, []))
-    raw = np.frombuffer(b"".join(chunks), dtype=EVENT_DTYPE).copy()
+    raw = _events(records)
     last = int(raw["t_ns"].max()) if len(raw) else int(meta.get("t_start_ns") or 0)
     meta.update(status="cut short", recovered_from=str(path), t_stop_ns=last, path=str(path),
                 steps=int((raw["kind"] == Kind.STEP).sum()))
