@@ -34,3 +34,8 @@ def native() -> ModuleType:
         if field[1] != offset or field[0].itemsize != size:
             raise NativeUnavailable(f"memprof._C field {name!r} does not match this memprof; {BUILD_HINT}")
     return _C
+
+
+def thread_table() -> list[dict[str, object]]:
+    """The threads that produced events, as threads.json stores them: index, OS thread id, name."""
+    return [{"index": i, "tid": tid, "name": name} for i, tid, name in native().threads()]

@@ -24,7 +24,7 @@ import numpy as np
 
 from memprof import spill
 from memprof._events import EVENT_DTYPE
-from memprof._native import native
+from memprof._native import native, thread_table
 from memprof._version import __version__
 from memprof.analysis.timeline import GC_START, GC_STOP
 from memprof.capture import Capture
@@ -266,7 +266,7 @@ class Recorder:
             self._note(warning)
         raw = self._events(C)
         dropped = int(C.dropped())
-        threads = [{"index": i, "tid": tid, "name": name} for i, tid, name in C.threads()]
+        threads = thread_table()
         main = [t["index"] for t in threads if t["tid"] == self.native_tid]
         self.meta.update(
             t_stop_ns=int(C.stop_ns()), t_start_ns=int(C.start_ns()), dropped_events=dropped,

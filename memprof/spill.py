@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from memprof._events import EVENT_DTYPE, Kind
+from memprof._native import thread_table
 from memprof.errors import CaptureFileError, one_line
 from memprof.fileformat import Parts, checked, loads_json
 
@@ -48,7 +49,7 @@ class SpillWriter:
                  recorded: Callable[[], tuple[list[Any], list[Any], list[Any]]]) -> None:
         self.path, self.native, self.recorded = path, native, recorded
         self.events = self.strings = self.plans = self.graphs = self.tensors = 0
-        self.threads: list[Any] = []
+        self.threads: list[dict[str, object]] = []
         self.failed = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -98,9 +99,9 @@ class SpillWriter:
         for at in range(0, len(data), step):
             self._record(b"E", data[at : at + step])
         written = self.events + len(data) // EVENT_DTYPE.itemsize
-        threads = [list(t) for t in C.threads()]
+        threads = thread_table()
         if threads != self.threads:
-            self._record(b"T", json.dumps([{"index": i, "tid": tid, "name": nm} for i, tid, nm in threads]).encode())
+            self._record(b"T", json.dumps(threads).encode())
             self.threads = threads
         plans, graphs, tensors = self.recorded()
         if len(plans) > self.plans or len(graphs) > self.graphs or len(tensors) > self.tensors:
