@@ -10,6 +10,7 @@ the figures; the run's configuration; and a next step computed from these figure
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -126,7 +127,7 @@ def oom_reports(cap: Capture, top: int = 8) -> list[OomReport]:
                     "allocator_backend": cap.meta.get("allocator_backend"),
                     "PYTORCH_CUDA_ALLOC_CONF": info.alloc_conf, "torch": cap.meta.get("torch_version"),
                     "cuda": cap.meta.get("cuda_version"), "memprof": cap.meta.get("memprof_version")})
-        out.append(OomReport(**{**report.__dict__, "next_steps": _next_steps(report, cap)}))
+        out.append(dataclasses.replace(report, next_steps=_next_steps(report, cap)))
     return out
 
 
