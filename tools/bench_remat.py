@@ -244,13 +244,14 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
     peaks: dict[int, list[dict[str, Any]]] = {}
     t0 = time.perf_counter()
     started = 0
+    gpus = visible_gpus()[: args.gpus]
     # phase 1: compile and measure peaks, `--jobs` workers at a time; each waits for GO
     while pending or procs:
         while pending and len(procs) < args.jobs:
             job = pending.pop(0)
             wenv = env
-            if args.gpus > 1:  # spread workers over the host's GPUs, round robin, as the sweep does
-                wenv = {**env, "CUDA_VISIBLE_DEVICES": visible_gpus()[started % min(args.gpus, len(visible_gpus()))]}
+            if len(gpus) > 1:  # spread workers over the host's GPUs, round robin, as the sweep does
+                wenv = {**env, "CUDA_VISIBLE_DEVICES": gpus[started % len(gpus)]}
             started += 1
             p = subprocess.Popen([sys.executable, __file__, "--worker", *job], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True, env=wenv)
