@@ -4,9 +4,9 @@
 #include <pybind11/stl.h>
 
 #include <cstddef>
-#include <cstring>
 #include <stdexcept>
 #include <utility>
+#include <algorithm>
 #include <vector>
 
 #include "capture.h"
@@ -34,14 +34,16 @@ py::array copy_events_to_numpy() {
 }
 
 py::array copy_events_range_to_numpy(size_t start, size_t count) {
-  std::vector<memprof::Event> buf(count);
+  // events are only appended: what exists now can be copied straight into the array
+  const size_t size = memprof::event_count();
+  const size_t n = start < size ? std::min(count, size - start) : 0;
+  py::array_t<uint8_t> out(static_cast<py::ssize_t>(n * sizeof(memprof::Event)));
   size_t copied = 0;
   {
     py::gil_scoped_release release;
-    copied = memprof::copy_events_range(start, buf.data(), count);
+    copied = memprof::copy_events_range(start, reinterpret_cast<memprof::Event*>(out.mutable_data()), n);
   }
-  py::array_t<uint8_t> out(static_cast<py::ssize_t>(copied * sizeof(memprof::Event)));
-  std::memcpy(out.mutable_data(), buf.data(), copied * sizeof(memprof::Event));
+  if (copied != n) out.resize({static_cast<py::ssize_t>(copied * sizeof(memprof::Event))});
   return out;
 }
 
