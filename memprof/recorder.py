@@ -314,8 +314,9 @@ def _save(cap: Capture, path: Path, rec: Recorder) -> None:
 @contextlib.contextmanager
 def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
             meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
-            knapsack_evaluator: bool = False) -> Iterator[Capture]:
-    """`capture()` with memprof's own options (`knapsack_evaluator`: the sweep's measurements)."""
+            knapsack_evaluator: bool = False, replace_spill: bool = False) -> Iterator[Capture]:
+    """`capture()` with memprof's own options (`knapsack_evaluator`: the sweep's measurements;
+    `replace_spill`: `memprof trace --force` replaces the spill a killed run left)."""
     global _active
     if scopes not in SCOPE_BITS:
         raise MemprofError(f"scopes must be one of {sorted(SCOPE_BITS)}, got {scopes!r}")
@@ -323,9 +324,12 @@ def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
         raise MemprofError(f"max_events must be positive, got {max_events}")
     out = resolve(output) if output is not None else None  # a chdir in the block must not move it
     left = spill.spill_path(out) if out is not None else None
-    if left is not None and left.exists():
-        raise MemprofError(f"{left} is the spill of an earlier run that was cut short: memprof.load('{out}') "
-                           "(or memprof report) recovers it; move or delete it to record again")
+    if left is not None and left.exists():  # the only copy of that run: never replaced silently
+        if not replace_spill:
+            raise MemprofError(f"{left} is the spill of an earlier run that was cut short: memprof report {out} "
+                               "(or memprof.load) recovers it; move or delete it (memprof trace: --force) to "
+                               "record again")
+        left.unlink()
     cap = Capture(meta=dict(meta or {}))
     rec = Recorder(cap, max_events, scopes, kernels, plans, knapsack_evaluator)
     with _lock:

@@ -31,6 +31,7 @@ class TraceOptions:
     scopes: str = "ops"
     kernels: bool = True
     knapsack_evaluator: bool = False  # the sweep's measurements also run KnapsackEvaluator
+    replace_spill: bool = False  # --force: replace the spill a killed run left beside the output
 
 
 def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | None, launch: Path) -> None:
@@ -52,19 +53,6 @@ def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | Non
     else:
         click.echo(f"memprof: error: {save_error}", err=True)
     sys.stdout.flush()
-
-
-def _clear_spill(out: Path, force: bool) -> None:
-    """A spill a killed run left beside the output is its only copy: replaced only with --force."""
-    from memprof.errors import MemprofError
-    from memprof.spill import spill_path
-
-    left = spill_path(out)
-    if left.exists():
-        if not force:
-            raise MemprofError(f"{left} is the spill of an earlier run that was cut short: memprof report {out} "
-                               "recovers it; pass --force to replace it")
-        left.unlink()
 
 
 def traced(path: Path, script_args: list[str], out: Path, chrome_path: Path | None, opts: TraceOptions,
@@ -90,7 +78,8 @@ def traced(path: Path, script_args: list[str], out: Path, chrome_path: Path | No
         try:
             with budget_set, _remat(opts.remat), session(
                     max_events=opts.max_events or DEFAULT_MAX_EVENTS, scopes=opts.scopes, kernels=opts.kernels,
-                    meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator) as cap:
+                    meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator,
+                    replace_spill=opts.replace_spill) as cap:
                 try:
                     result = run_script(path, script_args, signals=signals)
                 except (KeyboardInterrupt, Terminated) as exc:  # a signal just before the script started
@@ -151,7 +140,6 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat
     out = resolve(output or f"{path.stem}.memprof")
     chrome_path = resolve(chrome) if chrome else None
     check_outputs({"-o": out, "--chrome": chrome_path}, [("script", path)], force)
-    _clear_spill(out, force)
-    opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes)
+    opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes, replace_spill=force)
     _cap, code = traced(path, list(script_args), out, chrome_path, opts, launch)
     return code

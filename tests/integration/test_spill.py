@@ -57,6 +57,8 @@ def test_a_killed_trace_is_recovered_from_its_spill(tmp_path: Path) -> None:
     # the spill is the only copy: a new trace to the same output keeps it unless --force
     line = one_line_error(invoke_memprof("trace", "train.py", "-o", "run.memprof", cwd=tmp_path))
     assert "spill of an earlier run" in line and spill.exists()
+    forced = invoke_memprof("trace", "train.py", "-o", "run.memprof", "--force", cwd=tmp_path)
+    assert forced.returncode == 0 and not spill.exists() and memprof.load(tmp_path / "run.memprof").exact
 
 
 def test_a_streaming_capture_holds_about_one_chunk_and_loses_nothing(tmp_path: Path) -> None:
