@@ -175,17 +175,6 @@ class Recorder:
             print(f"memprof: warning: no spill at {path} ({exc.strerror or exc}): the capture is kept in memory "
                   "only (a kill would lose it)", file=sys.stderr)
 
-    def _events(self, C: Any) -> np.ndarray:
-        """Every event of the session: from the spill (the store freed what it holds) and the store's tail."""
-        if self.spill is None or not C.released_events():
-            return np.asarray(C.events()).view(EVENT_DTYPE)
-        head = self.spill.events_written()
-        count = int(C.event_count()) - len(head)
-        tail = np.asarray(C.events_range(len(head), count)).view(EVENT_DTYPE) if count > 0 else head[:0]
-        out = np.empty(len(head) + len(tail), dtype=EVENT_DTYPE)  # (concatenate would drop the padding)
-        out[: len(head)], out[len(head):] = head, tail
-        return out
-
     def _recorded(self) -> tuple[list[Any], list[Any], list[Any]]:
         rec = self.plan_recorder
         return (rec.plans, rec.graphs, rec.tensors) if rec is not None else ([], [], [])
@@ -264,7 +253,8 @@ class Recorder:
             self._patches.undo()
         if warning:
             self._note(warning)
-        raw = self._events(C)
+        # every event: what the spill holds (the store freed it) and the store's tail, or the store's
+        raw = self.spill.session_events() if self.spill is not None else np.asarray(C.events()).view(EVENT_DTYPE)
         dropped = int(C.dropped())
         threads = thread_table()
         main = [t["index"] for t in threads if t["tid"] == self.native_tid]

@@ -115,9 +115,18 @@ class SpillWriter:
         self.events = written
         C.release_events_before(written)
 
-    def events_written(self) -> np.ndarray:
-        """The events this writer put in its spill (read back: the store released most of them)."""
-        return _events(_records(self.path.read_bytes(), self.path))[: self.events]
+    def session_events(self) -> np.ndarray:
+        """Every event of the session once it stopped: read back from the spill (the native store
+        freed those) and the rest from the store."""
+        C = self.native
+        if not C.released_events():
+            return np.asarray(C.events()).view(EVENT_DTYPE)
+        head = _events(_records(self.path.read_bytes(), self.path))[: self.events]
+        count = int(C.event_count()) - len(head)
+        tail = np.asarray(C.events_range(len(head), count)).view(EVENT_DTYPE) if count > 0 else head[:0]
+        out = np.empty(len(head) + len(tail), dtype=EVENT_DTYPE)  # (concatenate would drop the padding)
+        out[: len(head)], out[len(head):] = head, tail
+        return out
 
     def close(self) -> None:
         """Stop the thread, write what is left, close the file (it stays until the capture is saved)."""
