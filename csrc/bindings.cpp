@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <utility>
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "capture.h"
@@ -78,6 +80,7 @@ py::dict event_layout() {
   py::dict flags;
   flags["unfollowed_thread"] = static_cast<int>(memprof::kFlagUnfollowedThread);
   flags["other_thread"] = static_cast<int>(memprof::kFlagOtherThread);
+  flags["carried"] = static_cast<int>(memprof::kFlagCarried);
   d["flags_values"] = flags;
   return d;
 }
@@ -110,13 +113,17 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "memprof native capture core";
   m.def(
       "start",
-      [](size_t max_events, unsigned scope_bits) {
+      [](size_t max_events, unsigned scope_bits, int64_t first_step, int64_t last_step, size_t keep_last) {
         memprof::CaptureOptions options;
         options.max_events = max_events;
         options.scope_bits = scope_bits;
+        options.first_step = first_step;
+        options.last_step = last_step;
+        options.keep_last = keep_last;
         memprof::start_capture(options);
       },
-      py::arg("max_events"), py::arg("scope_bits"));
+      py::arg("max_events"), py::arg("scope_bits"), py::arg("first_step") = 1,
+      py::arg("last_step") = std::numeric_limits<int64_t>::max(), py::arg("keep_last") = 0);
   m.def("stop", &memprof::stop_capture, "Stop the active capture; returns a warning or ''.");
   m.def("active", &memprof::capture_active);
   m.def("events", &copy_events_to_numpy, "Events of the last capture as raw bytes (uint8).");
@@ -127,6 +134,17 @@ PYBIND11_MODULE(_C, m) {
   m.def("release_events_before", &memprof::release_events_before, py::arg("n"),
         "Free the event chunks before event n (the spill holds them).");
   m.def("released_events", &memprof::released_events);
+  m.def(
+      "ring_head",
+      [] {
+        auto [start, carried] = memprof::ring_head();
+        py::array_t<uint8_t> out(static_cast<py::ssize_t>(carried.size() * sizeof(memprof::Event)));
+        if (!carried.empty()) std::memcpy(out.mutable_data(), carried.data(), carried.size() * sizeof(memprof::Event));
+        return py::make_tuple(start, out);
+      },
+      "With keep_last: (the ring's first stored event, the events carried into it as raw bytes).");
+  m.def("window_state", &memprof::window_state);
+  m.def("last_step_seen", &memprof::last_step_seen);
   m.def("store_bytes", &memprof::store_bytes, "Memory the event store holds now (bytes).");
   m.def("strings_from", [](size_t first) { return to_python(memprof::strings_from(first)); },
         py::arg("first"));

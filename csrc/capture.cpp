@@ -30,7 +30,7 @@ class Reporter;
 thread_local bool t_in_cpu_wrapper = false;
 
 struct Session {
-  explicit Session(size_t max_events) : store(max_events) {}
+  explicit Session(const CaptureOptions& o) : store(StoreOptions{o.max_events, o.first_step, o.last_step, o.keep_last}) {}
   uint64_t generation = 0;
   EventStore store;
   StringTable strings;
@@ -443,7 +443,7 @@ void start_capture(const CaptureOptions& options) {
         "torch.profiler is active on this thread; memprof and torch.profiler share "
         "PyTorch's profiler slot, so stop the profiler before capturing");
   }
-  auto* s = new Session(options.max_events);
+  auto* s = new Session(options);
   s->generation = ++g_generation;
   s->owner = std::this_thread::get_id();
   s->reporter = std::make_shared<Reporter>(s);
@@ -503,6 +503,11 @@ void release_events_before(size_t n) {
   if (g_last) g_last->store.release_before(n);
 }
 size_t released_events() { return g_last ? g_last->store.released() : 0; }
+std::pair<size_t, std::vector<Event>> ring_head() {
+  return g_last ? g_last->store.ring_head() : std::pair<size_t, std::vector<Event>>{0, {}};
+}
+std::string window_state() { return g_last ? g_last->store.window_state() : std::string("all"); }
+int64_t last_step_seen() { return g_last ? g_last->store.last_step_seen() : 0; }
 size_t store_bytes() { return g_last ? g_last->store.bytes_reserved() : 0; }
 std::vector<std::string> strings_from(size_t first) {
   return g_last ? g_last->strings.snapshot_from(first) : std::vector<std::string>{};
@@ -522,7 +527,13 @@ void release() {
   if (g_last != nullptr && g_active.load() != g_last) g_last->store.clear();
 }
 
-void mark_step(int64_t step) { append_marker(kStep, step, ""); }
+void mark_step(int64_t step) {
+  Session* s = g_active.load(std::memory_order_acquire);
+  if (s == nullptr) return;
+  Event e = make_event(kStep, thread_state(s));
+  e.bytes = step;
+  s->store.mark_step(e);
+}
 void mark(std::string_view label) { append_marker(kMark, 0, label); }
 
 bool cuda_built() {

@@ -4,6 +4,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <utility>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,6 +26,10 @@ struct CaptureOptions {
   // every aten op on the thread build a RecordFunction, the main cost of a capture;
   // USER_SCOPE alone keeps compiled-graph calls and user record_function regions.
   unsigned scope_bits = kScopeFunction | kScopeBackward | kScopeUser;
+  // Which events are stored (a step window or a ring of the last steps): StoreOptions.
+  int64_t first_step = 1;
+  int64_t last_step = std::numeric_limits<int64_t>::max();
+  size_t keep_last = 0;
 };
 
 // Starts a capture on the calling thread (and the autograd threads it starts).
@@ -42,6 +48,11 @@ size_t copy_events_range(size_t start, Event* dst, size_t count);
 std::vector<std::string> strings_from(size_t first);
 void release_events_before(size_t n);
 size_t released_events();
+// With keep_last: the ring's first stored event and the events carried into it (blocks live there).
+std::pair<size_t, std::vector<Event>> ring_head();
+// The step window's state ("all" without one, "pending", "open", "closed") and the last step seen.
+std::string window_state();
+int64_t last_step_seen();
 size_t store_bytes();
 std::vector<std::string> strings();
 uint64_t dropped_events();

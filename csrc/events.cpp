@@ -39,11 +39,76 @@ std::vector<std::string> StringTable::snapshot_from(size_t first) const {
   return out;
 }
 
-EventStore::EventStore(size_t max_events) : max_events_(max_events) {}
+void LiveSet::apply(const Event& e) {
+  const Key key{e.ptr, static_cast<int16_t>((int16_t(e.device_type) << 8) | uint8_t(e.device_index))};
+  switch (e.kind) {
+    case kAlloc:
+    case kCudaAlloc:
+      live_[key] = {seq_++, e};
+      break;
+    case kFree:
+    case kCudaFreeRequested: {
+      auto it = live_.find(key);
+      if (it != live_.end()) {
+        live_.erase(it);
+      } else {
+        freed_before_.push_back(e);  // a block allocated before the capture
+      }
+      break;
+    }
+    case kSegmentAlloc:
+    case kSegmentFree:
+    case kSegmentMap:
+    case kSegmentUnmap: {
+      auto [it, fresh] = reserved_.try_emplace(key.device, e);
+      if (!fresh) {
+        it->second.bytes += e.bytes;
+        it->second.t_ns = e.t_ns;
+      }
+      it->second.kind = kSegmentAlloc;
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+std::vector<Event> LiveSet::carried() const {
+  std::vector<Event> out(freed_before_);
+  std::vector<const std::pair<uint64_t, Event>*> blocks;
+  blocks.reserve(live_.size());
+  for (const auto& kv : live_) blocks.push_back(&kv.second);
+  std::sort(blocks.begin(), blocks.end(), [](auto* a, auto* b) { return a->first < b->first; });
+  for (const auto* b : blocks) out.push_back(b->second);
+  for (const auto& kv : reserved_) {
+    if (kv.second.bytes != 0) out.push_back(kv.second);
+  }
+  for (auto& e : out) e.flags |= kFlagCarried;
+  return out;
+}
+
+void LiveSet::clear() {
+  live_.clear();
+  freed_before_.clear();
+  reserved_.clear();
+  seq_ = 0;
+}
+
+EventStore::EventStore(const StoreOptions& options) : options_(options) {
+  if (options.keep_last == 0 && (options.first_step > 1 || options.last_step < std::numeric_limits<int64_t>::max())) {
+    window_ = options.first_step > 1 ? Window::kPending : Window::kOpen;
+    recording_ = options.first_step <= 1;
+  }
+}
 
 void EventStore::append(const Event& e) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (size_ >= max_events_) {
+  if (window_ == Window::kPending) live_.apply(e);
+  if (recording_) push(e);
+}
+
+void EventStore::push(const Event& e) {
+  if (size_ - ring_start_ >= options_.max_events) {
     if (dropped_ == 0) first_dropped_ns_ = e.t_ns;
     ++dropped_;
     return;
@@ -52,6 +117,68 @@ void EventStore::append(const Event& e) {
   if (offset == 0) chunks_.emplace_back(new Event[kChunkEvents]);
   chunks_.back()[offset] = e;
   ++size_;
+}
+
+void EventStore::mark_step(const Event& e) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t step = e.bytes;
+  last_step_ = std::max(last_step_, step);
+  if (window_ == Window::kPending && step >= options_.first_step - 1) {
+    for (const Event& c : live_.carried()) push(c);
+    live_.clear();
+    window_ = Window::kOpen;
+    recording_ = true;
+    push(e);
+  } else if (window_ == Window::kOpen && step >= options_.last_step) {
+    push(e);
+    window_ = Window::kClosed;
+    recording_ = false;
+  } else if (recording_) {
+    const size_t before = size_;
+    push(e);
+    if (options_.keep_last > 0 && size_ > before) {
+      ring_markers_.push_back(before);
+      move_ring();
+    }
+  }
+}
+
+void EventStore::move_ring() {
+  const size_t complete = ring_markers_.size() - (ring_start_ > 0 || ring_moved_ ? 1 : 0);
+  if (complete <= options_.keep_last) return;
+  const size_t start = ring_markers_[ring_markers_.size() - 1 - options_.keep_last];
+  for (size_t i = ring_start_; i < start; ++i) ring_base_.apply(chunks_[i / kChunkEvents][i % kChunkEvents]);
+  while (ring_markers_.front() != start) ring_markers_.pop_front();
+  ring_start_ = start;
+  ring_moved_ = true;
+  const size_t upto = start / kChunkEvents;  // chunks wholly before the ring
+  for (size_t c = released_ / kChunkEvents; c < upto; ++c) chunks_[c].reset();
+  released_ = std::max(released_, upto * kChunkEvents);
+}
+
+std::pair<size_t, std::vector<Event>> EventStore::ring_head() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!ring_moved_) return {0, {}};
+  return {ring_start_, ring_base_.carried()};
+}
+
+std::string EventStore::window_state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  switch (window_) {
+    case Window::kPending:
+      return "pending";
+    case Window::kOpen:
+      return "open";
+    case Window::kClosed:
+      return "closed";
+    default:
+      return "all";
+  }
+}
+
+int64_t EventStore::last_step_seen() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_step_;
 }
 
 size_t EventStore::size() const {
@@ -76,6 +203,7 @@ size_t EventStore::bytes_reserved() const {
 
 void EventStore::release_before(size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (options_.keep_last > 0) return;  // the ring frees its own chunks as it moves
   const size_t upto = std::min(n, size_) / kChunkEvents;  // whole chunks only
   for (size_t c = released_ / kChunkEvents; c < upto; ++c) chunks_[c].reset();
   released_ = std::max(released_, upto * kChunkEvents);
@@ -120,6 +248,11 @@ void EventStore::clear() {
   chunks_.shrink_to_fit();
   size_ = 0;
   released_ = 0;
+  ring_markers_.clear();
+  ring_start_ = 0;
+  ring_moved_ = false;
+  live_.clear();
+  ring_base_.clear();
 }
 
 int64_t now_ns() {

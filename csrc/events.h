@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <cstddef>
+#include <deque>
+#include <limits>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -38,6 +41,10 @@ enum EventFlag : uint8_t {
   // CPU allocation or free seen by the CPU allocator wrapper on a thread the reporter does not
   // follow (not the capturing thread nor its autograd threads: an intra-op worker, a Python thread)
   kFlagOtherThread = 2,
+  // Carried into a step window or the ring of the last steps from before it: a block still live
+  // there (its own allocation event, as recorded), a free of a block from before the capture, or
+  // a device's reserved bytes so far (one SEGMENT_ALLOC per device).
+  kFlagCarried = 4,
 };
 
 enum EventKind : uint8_t {
@@ -72,19 +79,66 @@ class StringTable {
   std::unordered_map<std::string_view, uint32_t> index_;
 };
 
+// What is live at one point of a run, kept from allocator events: every live block's allocation
+// event, the frees of blocks allocated before the capture, and each device's reserved bytes. It
+// lets a step window or the ring of the last steps begin with exactly what was live there.
+class LiveSet {
+ public:
+  void apply(const Event& e);
+  // Events that recreate this state, flagged kFlagCarried: frees of blocks from before the
+  // capture, live blocks' allocations (in the order they happened), reserved bytes per device.
+  std::vector<Event> carried() const;
+  size_t live_blocks() const { return live_.size(); }
+  void clear();
+
+ private:
+  struct Key {
+    uint64_t ptr;
+    int16_t device;
+    bool operator==(const Key& o) const { return ptr == o.ptr && device == o.device; }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const { return std::hash<uint64_t>()(k.ptr ^ (uint64_t(uint16_t(k.device)) << 48)); }
+  };
+  uint64_t seq_ = 0;
+  std::unordered_map<Key, std::pair<uint64_t, Event>, KeyHash> live_;
+  std::vector<Event> freed_before_;
+  std::map<int16_t, Event> reserved_;
+};
+
+// Which events a capture stores. By default all of them. With a step window [first_step,
+// last_step], only those from the marker that ends step first_step - 1 to the one that ends
+// last_step (step 1 starts at the capture start), after the blocks live at the window start.
+// With keep_last N, a ring of the last N complete steps and the one in progress, after the
+// blocks live at the ring's start.
+struct StoreOptions {
+  size_t max_events = size_t(1) << 24;
+  int64_t first_step = 1;
+  int64_t last_step = std::numeric_limits<int64_t>::max();
+  size_t keep_last = 0;
+};
+
 // Chunked, bounded, append-only store. Appends never move existing events;
 // when max_events is reached, further events are counted as dropped.
 class EventStore {
  public:
   static constexpr size_t kChunkEvents = size_t(1) << 15;  // 1.5 MiB chunks
 
-  explicit EventStore(size_t max_events);
+  explicit EventStore(size_t max_events) : EventStore(StoreOptions{max_events}) {}
+  explicit EventStore(const StoreOptions& options);
   void append(const Event& e);
+  // A step marker (e.bytes = the step number): opens or closes the window, moves the ring.
+  void mark_step(const Event& e);
+  // The ring's first stored event (0 without a ring) and the events carried into it, read together.
+  std::pair<size_t, std::vector<Event>> ring_head() const;
+  // "pending" (the window has not opened), "open", "closed" or "all" (no window).
+  std::string window_state() const;
+  int64_t last_step_seen() const;
   size_t size() const;
   uint64_t dropped() const;
   // Time of the first event that did not fit (-1 if none): everything after it is incomplete.
   int64_t first_dropped_ns() const;
-  size_t max_events() const { return max_events_; }
+  size_t max_events() const { return options_.max_events; }
   size_t bytes_reserved() const;
   // Copies all events into dst (capacity size() events); returns the count.
   size_t copy_to(Event* dst, size_t capacity) const;
@@ -99,11 +153,21 @@ class EventStore {
   void clear();
 
  private:
+  void push(const Event& e);  // with mu_ held
+  void move_ring();           // with mu_ held
   mutable std::mutex mu_;
+  StoreOptions options_;
+  bool recording_ = true;
+  enum class Window { kAll, kPending, kOpen, kClosed } window_ = Window::kAll;
+  LiveSet live_;              // the whole run's live set while the window is pending
+  LiveSet ring_base_;         // the live set at the ring's start
+  std::deque<size_t> ring_markers_;  // stored step markers from the ring's start on
+  size_t ring_start_ = 0;
+  bool ring_moved_ = false;
+  int64_t last_step_ = 0;
   std::vector<std::unique_ptr<Event[]>> chunks_;
   size_t size_ = 0;
   size_t released_ = 0;  // events in freed chunks (a multiple of kChunkEvents)
-  size_t max_events_;
   uint64_t dropped_ = 0;
   int64_t first_dropped_ns_ = -1;
 };

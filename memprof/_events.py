@@ -56,6 +56,11 @@ class Kind(enum.IntEnum):
 KIND_NAMES = {k.value: k.name.lower() for k in Kind}
 FLAG_UNFOLLOWED_THREAD = 1  # csrc/events.h kFlagUnfollowedThread
 FLAG_OTHER_THREAD = 2  # kFlagOtherThread: a CPU event on a thread memprof's reporter does not follow
+# kFlagCarried: carried into a step window or the ring of the last steps from before it (a block live
+# there, a free of a block from before the capture, a device's reserved bytes so far)
+FLAG_CARRIED = 4
+# the flags by the names the native core exports them under (event_layout()["flags_values"])
+FLAGS = {"unfollowed_thread": FLAG_UNFOLLOWED_THREAD, "other_thread": FLAG_OTHER_THREAD, "carried": FLAG_CARRIED}
 SEGMENT_KINDS = (Kind.SEGMENT_ALLOC, Kind.SEGMENT_FREE, Kind.SEGMENT_MAP, Kind.SEGMENT_UNMAP)
 
 # c10::DeviceType values that memprof names; others print as "type<N>:<index>".

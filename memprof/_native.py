@@ -6,7 +6,9 @@ import functools
 import importlib
 from types import ModuleType
 
-from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE, FLAG_OTHER_THREAD, FLAG_UNFOLLOWED_THREAD
+import numpy as np
+
+from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE, FLAGS
 from memprof.errors import NativeUnavailable
 
 BUILD_HINT = "build it with: pip install --no-build-isolation -e .  (torch must be installed first)"
@@ -23,7 +25,7 @@ def native() -> ModuleType:
         raise NativeUnavailable(f"memprof's native extension is not available ({exc}); {BUILD_HINT}") from None
     layout = _C.event_layout()
     flags = layout.pop("flags_values", None)
-    if flags != {"unfollowed_thread": FLAG_UNFOLLOWED_THREAD, "other_thread": FLAG_OTHER_THREAD}:
+    if flags != FLAGS:
         raise NativeUnavailable(f"memprof._C event flags do not match this memprof; rebuild it: {BUILD_HINT}")
     if layout.pop("itemsize") != EVENT_ITEMSIZE:
         raise NativeUnavailable(f"memprof._C event layout does not match this memprof; rebuild it: {BUILD_HINT}")
@@ -39,3 +41,18 @@ def native() -> ModuleType:
 def thread_table() -> list[dict[str, object]]:
     """The threads that produced events, as threads.json stores them: index, OS thread id, name."""
     return [{"index": i, "tid": tid, "name": name} for i, tid, name in native().threads()]
+
+
+def ring_events() -> np.ndarray:
+    """The events of a ring of the last steps (a capture with keep_last): those carried into it (the
+    blocks live at its start), then its own; empty when the store holds no ring."""
+    C = native()
+    start, carried = C.ring_head()
+    head = np.asarray(carried).view(EVENT_DTYPE)
+    count = int(C.event_count()) - int(start)
+    tail = np.asarray(C.events_range(start, count)).view(EVENT_DTYPE) if count > 0 else head[:0]
+    if len(tail) != max(count, 0):
+        raise RuntimeError("the ring moved while it was read")
+    out = np.empty(len(head) + len(tail), dtype=EVENT_DTYPE)  # (concatenate would drop the padding)
+    out[: len(head)], out[len(head):] = head, tail
+    return out

@@ -196,6 +196,10 @@ class Capture:
             out.append(f"INCOMPLETE: the capture stopped{at} when the script started {info.stopped_by} "
                        "(they share PyTorch's profiler slot): later allocations are not captured, so the "
                        "peak is the peak up to there")
+        if info.window is not None or info.keep_last:
+            from memprof.analysis.window import window_caveats
+
+            out.extend(window_caveats(info, self.raw))
         if info.cpu_threads is not None and info.cpu_threads != "all":
             out.append(f"cpu: only the capturing thread and its autograd threads were seen ({info.cpu_threads}); "
                        "allocations and frees on other threads are missing")
@@ -302,10 +306,11 @@ class Capture:
 
         device = device or self.main_device
         if device not in self._labels:
-            info = self.info
-            self._labels[device] = label_timeline(self.raw, self.strings, self.timeline(device), self.plans,
+            info, raw = self.info, self.raw
+            until = int(raw["t_ns"].max()) if info.window_state == "closed" and len(raw) else None
+            self._labels[device] = label_timeline(raw, self.strings, self.timeline(device), self.plans,
                                                   self.graphs, self.tensors, info.main_thread,
-                                                  info.preexisting.get(device, []), self.scopes)
+                                                  info.preexisting.get(device, []), self.scopes, until)
         return self._labels[device]
 
     def attribution(self, at: str = "peak", by: str = "category", device: str | None = None, *,

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import datetime as _dt
 import os
-import platform
 import sys
 import threading
 from collections.abc import Iterator
@@ -22,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from memprof import spill
+from memprof import environment, spill
 from memprof._events import EVENT_DTYPE
-from memprof._native import native, thread_table
-from memprof._version import __version__
+from memprof._native import native, ring_events, thread_table
 from memprof.analysis.timeline import GC_START, GC_STOP
 from memprof.capture import Capture
+from memprof.capture_info import Keep
 from memprof.errors import MemprofError, SaveError, one_line
 from memprof.outputs import resolve
 from memprof.runner import FatalSignals, outcome
@@ -40,34 +38,20 @@ from memprof.torch_hooks.patch import Patches
 # ops then skip RecordFunction entirely).
 SCOPE_BITS = {"ops": 1 | 2 | 4, "graphs": 4, "none": 0}
 DEFAULT_MAX_EVENTS = 1 << 24  # 16.7 M events, 56 B each; memory is taken in 1.8 MB chunks as needed
+_NO_LAST = (1 << 63) - 1  # a step window without an end
 
 _lock = threading.Lock()
 _active: Recorder | None = None
 _atexit_registered = False
 
 
-def _base_meta() -> dict[str, Any]:
-    import torch
-
-    return {
-        "memprof_version": __version__,
-        "torch_version": torch.__version__,
-        "cuda_version": torch.version.cuda,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "hostname": platform.node(),
-        "pid": os.getpid(),
-        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        "notes": [],
-    }
-
-
 class Recorder:
     """One capture's native session and hooks; fills its `Capture` when it stops."""
 
     def __init__(self, cap: Capture, max_events: int, scopes: str, kernels: bool, plans: bool = True,
-                 knapsack_evaluator: bool = False) -> None:
+                 knapsack_evaluator: bool = False, keep: Keep | None = None) -> None:
         self.cap = cap
+        self.keep = keep or Keep()
         self.record_plans = plans
         self.knapsack_evaluator = knapsack_evaluator
         self.plan_recorder: Any = None
@@ -81,7 +65,7 @@ class Recorder:
         self.stopped = False
         self.spill: spill.SpillWriter | None = None
         self._patches = Patches()
-        self.meta = _base_meta()
+        self.meta = environment.base_meta()
         self.children = {"dataloader": 0, "other": 0}  # processes started with multiprocessing
 
     def _note(self, text: str) -> None:
@@ -97,23 +81,14 @@ class Recorder:
                 "torch.profiler is already active; memprof and torch.profiler share PyTorch's profiler "
                 "slot, so stop the profiler before starting a capture"
             )
-        baselines: dict[str, dict[str, int]] = {"cpu": {"allocated": 0, "reserved": 0}}
         cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-        if cuda_ready:
-            self.meta["preexisting"] = runtime.cuda_live_blocks()
-            for d in range(torch.cuda.device_count()):
-                baselines[f"cuda:{d}"] = {
-                    "allocated": int(torch.cuda.memory_allocated(d)),
-                    "reserved": int(torch.cuda.memory_reserved(d)),
-                }
-        self.meta["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
-        self.meta.update(baselines=baselines, max_events=self.max_events, scopes=self.scopes,
-                         kernel_scopes=self.kernels,
-                         cpu_note="cpu: bytes allocated during the capture (PyTorch does not report earlier ones)")
-        if torch.cuda.is_available():
-            self.meta["allocator_backend"] = torch.cuda.get_allocator_backend()
+        self.meta.update(environment.devices_at_start(cuda_ready), max_events=self.max_events, scopes=self.scopes,
+                         kernel_scopes=self.kernels)
+        keep = self.keep
+        self.meta.update(keep.to_meta())
         try:
-            C.start(self.max_events, SCOPE_BITS[self.scopes])
+            C.start(self.max_events, SCOPE_BITS[self.scopes], first_step=keep.first, last_step=keep.last or _NO_LAST,
+                    keep_last=keep.keep_last)
         except RuntimeError as exc:
             raise MemprofError(str(exc)) from None
         self.meta["t_start_ns"] = int(C.now_ns())
@@ -170,7 +145,7 @@ class Recorder:
         """Stream what this session records to `path` (`memprof.spill`) until it stops."""
         try:
             self.spill = spill.SpillWriter(path, native(), {**self.meta, **meta, "native_tid": self.native_tid},
-                                           self._recorded)
+                                           self._recorded, ring=bool(self.keep.keep_last))
         except OSError as exc:
             print(f"memprof: warning: no spill at {path} ({exc.strerror or exc}): the capture is kept in memory "
                   "only (a kill would lose it)", file=sys.stderr)
@@ -204,23 +179,7 @@ class Recorder:
             _stop_active()
 
     def _attach_tracker(self) -> None:
-        import torch
-
-        problem = native().attach_cuda_tracker()
-        if not problem:
-            self.meta["cuda_tracker"] = "attached"
-            for d in range(torch.cuda.device_count()):
-                self.meta["baselines"].setdefault(f"cuda:{d}", {"allocated": 0, "reserved": 0})
-                self.meta.setdefault("device_total", {})[f"cuda:{d}"] = int(
-                    torch.cuda.get_device_properties(d).total_memory)
-            return
-        self.meta["cuda_tracker"] = f"unavailable: {problem}"
-        if torch.cuda.get_allocator_backend() == "cudaMallocAsync":
-            self._note("the cudaMallocAsync allocator backend supports no allocator tracing, and on torch "
-                       "2.11 it reports no CUDA allocations to PyTorch's memory reporter either: memprof "
-                       "captures CPU allocations and scopes only; use the default (native) backend")
-        else:
-            self._note(f"CUDA allocator tracing unavailable ({problem}): reserved bytes are missing")
+        environment.tracker_attached(self.meta, native().attach_cuda_tracker(), self._note)
 
     def _on_optimizer_step(self, optimizer: Any) -> None:
         if self.plan_recorder is not None:
@@ -235,6 +194,11 @@ class Recorder:
         self.step += 1
         self.meta["step_source"] = source
         native().mark_step(self.step)
+        if self.keep.exit_after and self.keep.last is not None and self.step >= self.keep.last:
+            self.meta["ended_by"] = "exit-after"
+            print(f"memprof: steps {self.keep.first}-{self.keep.last} are recorded: ending the script "
+                  "(--exit-after)", file=sys.stderr)
+            raise SystemExit(0)
         return self.step
 
     def stop(self) -> None:
@@ -253,8 +217,14 @@ class Recorder:
             self._patches.undo()
         if warning:
             self._note(warning)
-        # every event: what the spill holds (the store freed it) and the store's tail, or the store's
-        raw = self.spill.session_events() if self.spill is not None else np.asarray(C.events()).view(EVENT_DTYPE)
+        # every event: the ring's (what was carried into it, then its own), or what the spill holds (the
+        # store freed it) and the store's tail, or the store's
+        if self.keep.keep_last:
+            raw = ring_events()
+        elif self.spill is not None:
+            raw = self.spill.session_events()
+        else:
+            raw = np.asarray(C.events()).view(EVENT_DTYPE)
         dropped = int(C.dropped())
         threads = thread_table()
         main = [t["index"] for t in threads if t["tid"] == self.native_tid]
@@ -262,7 +232,8 @@ class Recorder:
             t_stop_ns=int(C.stop_ns()), t_start_ns=int(C.start_ns()), dropped_events=dropped,
             first_dropped_ns=int(C.first_dropped_ns()) if dropped else None,
             cpu_threads=C.cpu_all_threads_problem() or "all", dataloader_workers=self.children["dataloader"],
-            child_processes=self.children["other"], steps=self.step, main_thread=main[0] if main else None)
+            child_processes=self.children["other"], steps=self.step, main_thread=main[0] if main else None,
+            window_state=C.window_state())
         self.meta.setdefault("step_source", None)
         strings = list(C.strings())
         C.release()
@@ -304,9 +275,11 @@ def _save(cap: Capture, path: Path, rec: Recorder) -> None:
 @contextlib.contextmanager
 def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
             meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
-            knapsack_evaluator: bool = False, replace_spill: bool = False) -> Iterator[Capture]:
+            knapsack_evaluator: bool = False, replace_spill: bool = False, keep: Keep | None = None
+            ) -> Iterator[Capture]:
     """`capture()` with memprof's own options (`knapsack_evaluator`: the sweep's measurements;
-    `replace_spill`: `memprof trace --force` replaces the spill a killed run left)."""
+    `replace_spill`: `memprof trace --force` replaces the spill a killed run left; `keep`: which
+    steps are stored, and `Keep.exit_after`)."""
     global _active
     if scopes not in SCOPE_BITS:
         raise MemprofError(f"scopes must be one of {sorted(SCOPE_BITS)}, got {scopes!r}")
@@ -321,7 +294,7 @@ def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
                                "record again")
         left.unlink()
     cap = Capture(meta=dict(meta or {}))
-    rec = Recorder(cap, max_events, scopes, kernels, plans, knapsack_evaluator)
+    rec = Recorder(cap, max_events, scopes, kernels, plans, knapsack_evaluator, keep)
     with _lock:
         if _active is not None:
             raise MemprofError("a memprof capture is already active in this process")
@@ -357,7 +330,8 @@ def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
 
 @contextlib.contextmanager
 def capture(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
-            meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None) -> Iterator[Capture]:
+            meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
+            steps: tuple[int, int] | None = None, keep_last: int | None = None) -> Iterator[Capture]:
     """Capture every allocation and free (CPU on every thread; CUDA on this thread and its autograd
     threads, and through the allocator tracker on others).
 
@@ -371,9 +345,15 @@ def capture(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
     saved there (atomically) however the block exits: an exception, an OOM, `sys.exit`, Ctrl-C or
     SIGTERM/SIGHUP; a file that cannot be written raises `SaveError` (after a normal exit) or is
     one stderr line (when the block's own exception is on its way out).
+
+    `steps=(A, B)` stores only steps A to B (step k ends at the k-th optimizer step or
+    `memprof.step()`; step 1 starts with the block); `keep_last=N` only the last N complete steps
+    and the one in progress. Either way the blocks live where the stored steps begin are kept
+    exactly (their own allocation events), so attribution there sums as in a full capture; compile
+    plans are recorded for every graph compiled in the block.
     """
     with session(max_events=max_events, scopes=scopes, kernels=kernels, plans=plans, meta=meta,
-                 output=output) as cap:
+                 output=output, keep=Keep.of(steps, keep_last)) as cap:
         yield cap
 
 

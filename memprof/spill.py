@@ -9,10 +9,15 @@ The file: `MAGIC`, then records of one type byte, an 8-byte little-endian length
 (with their wrapper source) and known tensors recorded since the last `P` (JSON). A record the
 kill cut short is ignored. Each write is flushed and fsynced: a machine crash keeps what was
 written before the last interval.
+
+A capture that keeps a ring of the last steps (`keep_last`) keeps its spill bounded too: once the
+file holds more than twice the ring, it is written anew (beside it, then renamed over it) from the
+ring's start: the blocks live there (their carried events), then the ring's own events.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -35,6 +40,10 @@ RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
 _HEAD = struct.Struct("<cQ")
 
 
+class _Moved(Exception):
+    """The ring moved while the spill was written anew."""
+
+
 def spill_path(output: Path) -> Path:
     return output.with_name(output.name + ".spill")
 
@@ -46,16 +55,18 @@ class SpillWriter:
     capture goes on in memory; the job itself never fails over it."""
 
     def __init__(self, path: Path, native: Any, meta: dict[str, Any],
-                 recorded: Callable[[], tuple[list[Any], list[Any], list[Any]]]) -> None:
-        self.path, self.native, self.recorded = path, native, recorded
+                 recorded: Callable[[], tuple[list[Any], list[Any], list[Any]]], ring: bool = False) -> None:
+        self.path, self.native, self.recorded, self.ring = path, native, recorded, ring
         self.events = self.strings = self.plans = self.graphs = self.tensors = 0
+        self.file_start = 0  # the first event (store index) the file holds after its carried ones
         self.threads: list[dict[str, object]] = []
         self.failed = False
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._meta = json.dumps(meta, default=str).encode()
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         self._write(MAGIC)
-        self._record(b"M", json.dumps(meta, default=str).encode())
+        self._record(b"M", self._meta)
         self._thread = threading.Thread(target=self._run, name="memprof-spill", daemon=True)
         self._thread.start()
 
@@ -90,14 +101,58 @@ class SpillWriter:
     def _flush(self) -> None:
         C = self.native
         n = int(C.event_count())
-        data = memoryview(C.events_range(self.events, n - self.events)) if n > self.events else memoryview(b"")
+        if self.ring:
+            start, carried = C.ring_head()
+            # the ring moved past what the spill holds (its chunks are freed), or the file holds twice it
+            if start > self.events or n - self.file_start > 2 * max(n - start, 1):
+                self._rotate(int(start), memoryview(carried), n)
+                return
+        self._append(n)
+
+    def _rotate(self, start: int, carried: memoryview, n: int) -> None:
+        """Write the file anew from the ring's start (beside it, then renamed over it)."""
+        new = self.path.with_name(self.path.name + ".new")
+        old, self._fd = self._fd, os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        kept = (self.events, self.strings, self.plans, self.graphs, self.tensors, self.threads, self.file_start)
+        try:
+            self._write(MAGIC)
+            self._record(b"M", self._meta)
+            self.strings = self.plans = self.graphs = self.tensors = 0
+            self.threads = []
+            self._events_records(carried)
+            self.events = self.file_start = start
+            if not self._append(n):  # the ring moved on meanwhile: the next interval tries again
+                raise _Moved
+            os.replace(new, self.path)
+        except BaseException as exc:
+            os.close(self._fd)
+            self._fd = old
+            (self.events, self.strings, self.plans, self.graphs, self.tensors, self.threads,
+             self.file_start) = kept
+            with contextlib.suppress(OSError):
+                new.unlink()
+            if isinstance(exc, _Moved):
+                return
+            raise
+        os.close(old)
+
+    def _events_records(self, data: memoryview) -> None:
+        step = RECORD_EVENTS * EVENT_DTYPE.itemsize  # bounded records: a kill mid-write loses one
+        for at in range(0, len(data), step):
+            self._record(b"E", data[at : at + step])
+
+    def _append(self, n: int) -> bool:
+        """Append what was recorded up to event `n`; False when the store no longer holds it."""
+        C = self.native
+        want = max(n - self.events, 0)
+        data = memoryview(C.events_range(self.events, want)) if want else memoryview(b"")
+        if len(data) != want * EVENT_DTYPE.itemsize:
+            return False
         strings = C.strings_from(self.strings)  # read after the events: every id they use is in
         if strings:  # written before them: a record cut short never leaves events without names
             self._record(b"S", json.dumps(strings).encode())
             self.strings += len(strings)
-        step = RECORD_EVENTS * EVENT_DTYPE.itemsize  # bounded records: a kill mid-write loses one
-        for at in range(0, len(data), step):
-            self._record(b"E", data[at : at + step])
+        self._events_records(data)
         written = self.events + len(data) // EVENT_DTYPE.itemsize
         threads = thread_table()
         if threads != self.threads:
@@ -114,6 +169,7 @@ class SpillWriter:
         # on disk now: the native store may free them (its memory stays about one chunk)
         self.events = written
         C.release_events_before(written)
+        return True
 
     def session_events(self) -> np.ndarray:
         """Every event of the session once it stopped: read back from the spill (the native store
@@ -185,8 +241,9 @@ def read(path: Path) -> Parts:
                 doc[key] += list(value.get(key, []))
     raw = _events(records)
     last = int(raw["t_ns"].max()) if len(raw) else int(meta.get("t_start_ns") or 0)
+    markers = raw["bytes"][raw["kind"] == Kind.STEP]
     meta.update(status="cut short", recovered_from=str(path), t_stop_ns=last, path=str(path),
-                steps=int((raw["kind"] == Kind.STEP).sum()))
+                steps=int(markers.max()) if len(markers) else 0)
     main = [t.get("index") for t in threads if isinstance(t, dict) and t.get("tid") == meta.get("native_tid")]
     if not main and len(raw):  # no thread table written yet: the capture starts on its own thread
         main = [int(raw["thread"][0])]

@@ -118,11 +118,13 @@ def label_timeline(
     main_thread: int | None = None,
     preexisting: Sequence[tuple[int, int]] = (),
     scopes: ScopeIndex | None = None,
+    known_until: int | None = None,
 ) -> Labels:
     """Category, FX node, layer and kernel of every allocation on one device's timeline.
 
     `preexisting` are (ptr, bytes) of the blocks live when the capture started (CUDA); `scopes`
-    the capture's scope index (built here when not given).
+    the capture's scope index (built here when not given); `known_until` the time after which known
+    tensors are not used (a step window's end).
     """
     ctx = LabelContext(raw, strings, tl, plans, graphs, main_thread, scopes or ScopeIndex(raw))
     alloc_pos = np.flatnonzero(tl.is_alloc)
@@ -142,7 +144,11 @@ def label_timeline(
     if len(eager):
         first_activity = min([c[1] for c in calls] + [b[1] for b in bws] + [len(raw)])
         _label_eager(ctx, eager, opts, first_activity, in_backward, freed_in_bw)
-    if tensors:  # known tensors (parameters, gradients, optimizer state) override by pointer and time
+    # known tensors (parameters, gradients, optimizer state) override by pointer and time; those recorded
+    # after a step window closed may name a block at a reused address whose free was not stored
+    if known_until is not None:
+        tensors = [t for t in tensors if t[0] <= known_until]
+    if tensors:
         _apply_known(ctx, tensors, alloc_pos)
     # frees carry their allocation's labels (free_of maps alloc -> free)
     f = np.flatnonzero(has_free)

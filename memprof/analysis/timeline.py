@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memprof._events import FLAG_UNFOLLOWED_THREAD, SEGMENT_KINDS, Kind, parse_device
+from memprof._events import FLAG_CARRIED, FLAG_UNFOLLOWED_THREAD, SEGMENT_KINDS, Kind, parse_device
 from memprof.analysis.units import round_up_array
 
 _MEMORY_KINDS = np.array([Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED], dtype=np.uint8)
@@ -208,19 +208,30 @@ class StepStat:
     peak_pos: int = -1  # timeline position of the peak (`window_peak`)
 
 
+def carried_count(raw: np.ndarray) -> int:
+    """Events carried into a step window or a ring of the last steps (FLAG_CARRIED: the blocks live
+    where the stored steps begin); they lead the capture."""
+    carried = (raw["flags"] & FLAG_CARRIED) != 0
+    return int(np.argmin(carried)) if len(raw) and not carried.all() else int(carried.sum())
+
+
 def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: int,
                tail: bool = True) -> list[StepStat]:
     """Per-step peaks: step k spans from marker k-1 (or the capture start) to marker k.
 
     Events after the last marker form an incomplete final step when `tail` is set (a step the
     capture stopped in) or when there is no marker at all; otherwise they are the script's end
-    after its last step, not a step.
+    after its last step, not a step. A capture of some steps only (a window, a ring) begins with
+    the events carried into it and the marker of the step before its first: that is no step.
     """
     markers = np.flatnonzero(raw["kind"] == Kind.STEP)
     bounds = [0, *[int(m) for m in markers]]
     numbers = [int(raw["bytes"][m]) for m in markers]
     out: list[StepStat] = []
+    head = carried_count(raw)
     for i in range(len(bounds)):
+        if i == 0 and len(markers) and int(markers[0]) == head:  # (an empty first step too)
+            continue
         start = bounds[i] if i == 0 else bounds[i] + 1
         end = bounds[i + 1] if i + 1 < len(bounds) else len(raw)
         complete = i + 1 < len(bounds)

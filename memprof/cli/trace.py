@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import shlex
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 
-from memprof.cli.options import Budget
+from memprof.capture_info import Keep
+from memprof.cli.options import Budget, StepWindow
 from memprof.outputs import write_text
 
 
@@ -32,6 +33,7 @@ class TraceOptions:
     kernels: bool = True
     knapsack_evaluator: bool = False  # the sweep's measurements also run KnapsackEvaluator
     replace_spill: bool = False  # --force: replace the spill a killed run left beside the output
+    keep: Keep = field(default_factory=Keep)  # --steps, --keep-last, --exit-after
 
 
 def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | None, launch: Path) -> None:
@@ -61,6 +63,7 @@ def traced(path: Path, script_args: list[str], out: Path, chrome_path: Path | No
     printed); returns the capture and the exit code to end with."""
     import torch._functorch.config as functorch_config
 
+    from memprof.analysis.window import never_opened
     from memprof.errors import SaveError
     from memprof.outputs import shown
     from memprof.recorder import DEFAULT_MAX_EVENTS, session
@@ -79,7 +82,7 @@ def traced(path: Path, script_args: list[str], out: Path, chrome_path: Path | No
             with budget_set, _remat(opts.remat), session(
                     max_events=opts.max_events or DEFAULT_MAX_EVENTS, scopes=opts.scopes, kernels=opts.kernels,
                     meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator,
-                    replace_spill=opts.replace_spill) as cap:
+                    replace_spill=opts.replace_spill, keep=opts.keep) as cap:
                 try:
                     result = run_script(path, script_args, signals=signals)
                 except (KeyboardInterrupt, Terminated) as exc:  # a signal just before the script started
@@ -100,10 +103,57 @@ def traced(path: Path, script_args: list[str], out: Path, chrome_path: Path | No
         _report(cap, out, chrome_path, save_error, launch)
     if signals.received:  # signals that came while saving: the run ends as they asked, the file written
         return cap, 128 + signals.received[-1]
+    empty = never_opened(cap.info)
+    if empty is not None and result.exit_code == 0:
+        click.echo(f"memprof: error: {empty}", err=True)
+        return cap, 1
     return cap, result.exit_code
 
 
+def _is_window(value: str) -> bool:
+    first, sep, last = value.partition(":")
+    return bool(sep) and first.strip().isdigit() and last.strip().isdigit()
+
+
+class _TraceCommand(click.Command):
+    """memprof's options may come before or after SCRIPT; `--steps` after SCRIPT is memprof's only
+    in its A:B form: training scripts often have a `--steps N` of their own, which stays theirs."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        takes_value = {name for p in self.params if isinstance(p, click.Option) and not p.is_flag
+                       for name in p.opts}
+        at, script = 0, None
+        while at < len(args) and script is None:
+            arg = args[at]
+            if arg == "--":
+                break
+            if not arg.startswith("-"):
+                script = at
+            at += 2 if arg in takes_value else 1
+        if script is None:
+            return super().parse_args(ctx, args)
+        head, rest, theirs = args[: script + 1], [], []
+        tail = args[script + 1:]
+        i = 0
+        while i < len(tail):
+            arg = tail[i]
+            if arg == "--":
+                theirs += tail[i + 1:]
+                break
+            if arg == "--steps" and i + 1 < len(tail) and not _is_window(tail[i + 1]):
+                theirs += tail[i : i + 2]
+                i += 2
+                continue
+            if arg.startswith("--steps=") and not _is_window(arg.partition("=")[2]):
+                theirs.append(arg)
+            else:
+                rest.append(arg)
+            i += 1
+        return super().parse_args(ctx, head + rest + (["--", *theirs] if theirs else []))
+
+
 @click.command(
+    cls=_TraceCommand,
     context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
     short_help="Run a script under capture and save a .memprof file.",
 )
@@ -124,22 +174,36 @@ def traced(path: Path, script_args: list[str], out: Path, chrome_path: Path | No
               help="Scopes recorded: every op and kernel, compiled-graph calls only (lower overhead), or none.")
 @click.option("--no-kernel-scopes", is_flag=True,
               help="Do not ask Inductor for per-kernel scopes (lower overhead; graph scopes also off).")
+@click.option("--steps", "window", type=StepWindow(), default=None,
+              help="Store only steps A to B (a step ends at each optimizer step or memprof.step(); the first, "
+                   "compiling step is step 1).")
+@click.option("--keep-last", type=int, default=None, metavar="N",
+              help="Store only the last N steps and the one in progress (a ring: for long jobs, and the OOM at "
+                   "their end).")
+@click.option("--exit-after", is_flag=True, help="End the script (exit code 0) once the --steps window is recorded.")
 def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat: str, output: str | None,
-          chrome: str | None, force: bool, max_events: int | None, scopes: str, no_kernel_scopes: bool) -> int:
+          chrome: str | None, force: bool, max_events: int | None, scopes: str, no_kernel_scopes: bool,
+          window: tuple[int, int] | None, keep_last: int | None, exit_after: bool) -> int:
     """Run SCRIPT as `python SCRIPT ARGS` would, capturing every allocation.
 
     memprof's options may come before or after SCRIPT; other options go to the script,
-    and everything after `--` goes to the script verbatim. Exits with the script's exit code.
+    and everything after `--` goes to the script verbatim. After SCRIPT, `--steps` is memprof's
+    only as a window A:B (`--steps 3` stays the script's). Exits with the script's exit code.
     """
+    from memprof.errors import MemprofError
     from memprof.outputs import check_outputs, resolve
     from memprof.runner import check_script
 
     launch = Path.cwd()
+    try:
+        keep = Keep.of(window, keep_last, exit_after, names=("--steps", "--keep-last", "--exit-after"))
+    except MemprofError as exc:
+        raise click.UsageError(str(exc)) from None
     path = check_script(script)
     # resolved now: the script may chdir (or remove its directory) before the capture is written
     out = resolve(output or f"{path.stem}.memprof")
     chrome_path = resolve(chrome) if chrome else None
     check_outputs({"-o": out, "--chrome": chrome_path}, [("script", path)], force)
-    opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes, replace_spill=force)
+    opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes, replace_spill=force, keep=keep)
     _cap, code = traced(path, list(script_args), out, chrome_path, opts, launch)
     return code

@@ -3,7 +3,7 @@ native core's own, exported from C++."""
 
 from __future__ import annotations
 
-from memprof._events import EVENT_DTYPE, FLAG_OTHER_THREAD, FLAG_UNFOLLOWED_THREAD, Kind
+from memprof._events import EVENT_DTYPE, FLAG_CARRIED, FLAG_OTHER_THREAD, FLAG_UNFOLLOWED_THREAD, Kind
 from memprof._native import native
 from memprof.recorder import SCOPE_BITS
 
@@ -18,7 +18,7 @@ def test_event_kinds_and_scope_bits_match_the_core() -> None:
 
 def test_event_layout_and_flags_match_the_core() -> None:
     layout = native().event_layout()
-    flags = {"unfollowed_thread": FLAG_UNFOLLOWED_THREAD, "other_thread": FLAG_OTHER_THREAD}
+    flags = {"unfollowed_thread": FLAG_UNFOLLOWED_THREAD, "other_thread": FLAG_OTHER_THREAD, "carried": FLAG_CARRIED}
     assert layout.pop("flags_values") == flags
     assert layout.pop("itemsize") == EVENT_DTYPE.itemsize
     fields = EVENT_DTYPE.fields
