@@ -157,6 +157,20 @@ class KnownTensor(NamedTuple):
     name: str  # "layers.3.mlp.w", "layers.3.mlp.w.grad", "layers.3.mlp.w.exp_avg"
 
 
+def prune_known(tensors: list[KnownTensor], before_ns: int) -> list[KnownTensor]:
+    """The known tensors a capture that stores only the events from `before_ns` on still needs:
+    every one seen from then on, and of those seen earlier the last at each address. A record
+    names the block live at its address when it was seen; a block stored from `before_ns` on is
+    named only by later records, and a block carried in from before (allocated earlier, still
+    live) by the last earlier record at its address, if any names it at all."""
+    last: dict[tuple[str, int], int] = {}
+    for i, t in enumerate(tensors):
+        if t.t_ns < before_ns:
+            last[(t.device, t.ptr)] = i
+    keep = set(last.values())
+    return [t for i, t in enumerate(tensors) if t.t_ns >= before_ns or i in keep]
+
+
 _FX_FIELDS = {f.name for f in fields(FxNode)}
 _RECOMPUTED_FIELDS = {f.name for f in fields(RecomputedNode)}
 _PREFIX = re.compile(r"^L\['(?:self|args)'\](?:\[\d+\])?\.?")

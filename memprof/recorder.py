@@ -10,6 +10,7 @@ after the save the signal is delivered again, so the process ends as it would ha
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import os
 import sys
@@ -67,6 +68,8 @@ class Recorder:
         self._patches = Patches()
         self.meta = environment.base_meta()
         self.children = {"dataloader": 0, "other": 0}  # processes started with multiprocessing
+        self._marker_ns: collections.deque[int] = collections.deque(maxlen=self.keep.keep_last + 1)
+        self._window_known = self.keep.first <= 1  # known tensors of a step window are final (it opened)
 
     def _note(self, text: str) -> None:
         self.meta["notes"].append(text)
@@ -150,9 +153,14 @@ class Recorder:
             print(f"memprof: warning: no spill at {path} ({exc.strerror or exc}): the capture is kept in memory "
                   "only (a kill would lose it)", file=sys.stderr)
 
-    def _recorded(self) -> tuple[list[Any], list[Any], list[Any]]:
+    def _recorded(self) -> spill.Recorded:
         rec = self.plan_recorder
-        return (rec.plans, rec.graphs, rec.tensors) if rec is not None else ([], [], [])
+        if rec is None:
+            return spill.Recorded([], [], [], 0)
+        # before a step window opens the records are still pruned (`_bound_known`): none go to the spill yet
+        pruned = rec.tensors_pruned  # (read first: a prune in between shows as a change the next time)
+        pending = self.keep.last is not None and not self._window_known
+        return spill.Recorded(rec.plans, rec.graphs, [] if pending else rec.tensors, pruned)
 
     def remove_spill(self) -> None:
         if self.spill is not None:
@@ -194,12 +202,30 @@ class Recorder:
         self.step += 1
         self.meta["step_source"] = source
         native().mark_step(self.step)
+        if self.plan_recorder is not None and (self.keep.last is not None or self.keep.keep_last):
+            self._bound_known()
         if self.keep.exit_after and self.keep.last is not None and self.step >= self.keep.last:
             self.meta["ended_by"] = "exit-after"
             print(f"memprof: steps {self.keep.first}-{self.keep.last} are recorded: ending the script "
                   "(--exit-after)", file=sys.stderr)
             raise SystemExit(0)
         return self.step
+
+    def _bound_known(self) -> None:
+        """Known tensors for the stored steps only, whatever the run's length: none after a window
+        closed, and before a window opens or behind a ring only those that may name a block carried
+        in (`PlanRecorder.prune_tensors`; every 32 steps, or every ring's length)."""
+        rec, keep, step = self.plan_recorder, self.keep, self.step
+        if keep.last is not None:
+            if step >= keep.last:
+                rec.record_tensors = False
+            elif step <= keep.first - 1 and (step % 32 == 0 or step == keep.first - 1):
+                rec.prune_tensors(int(native().now_ns()))
+                self._window_known = step == keep.first - 1  # the window opened: its records may spill
+            return
+        self._marker_ns.append(int(native().now_ns()))
+        if len(self._marker_ns) > keep.keep_last and step % keep.keep_last == 0:
+            rec.prune_tensors(self._marker_ns[0])  # the marker the ring starts at
 
     def stop(self) -> None:
         self.stopped = True

@@ -25,7 +25,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,6 +38,15 @@ MAGIC = b"MEMPROF-SPILL 1\n"
 INTERVAL_S = 0.5
 RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
 _HEAD = struct.Struct("<cQ")
+
+
+class Recorded(NamedTuple):
+    """What the compile hooks recorded so far; `pruned` counts the times known tensors were pruned."""
+
+    plans: list[Any]
+    graphs: list[Any]
+    tensors: list[Any]
+    pruned: int
 
 
 class _Moved(Exception):
@@ -55,10 +64,12 @@ class SpillWriter:
     capture goes on in memory; the job itself never fails over it."""
 
     def __init__(self, path: Path, native: Any, meta: dict[str, Any],
-                 recorded: Callable[[], tuple[list[Any], list[Any], list[Any]]], ring: bool = False) -> None:
+                 recorded: Callable[[], Recorded], ring: bool = False) -> None:
         self.path, self.native, self.recorded, self.ring = path, native, recorded, ring
         self.events = self.strings = self.plans = self.graphs = self.tensors = 0
         self.file_start = 0  # the first event (store index) the file holds after its carried ones
+        self.pruned = 0  # known tensors were pruned this often when last written
+        self._compiled: tuple[tuple[int, ...], bytes] = ((), b"")
         self.threads: list[dict[str, object]] = []
         self.failed = False
         self._stop = threading.Event()
@@ -103,8 +114,10 @@ class SpillWriter:
         n = int(C.event_count())
         if self.ring:
             start, carried = C.ring_head()
-            # the ring moved past what the spill holds (its chunks are freed), or the file holds twice it
-            if start > self.events or n - self.file_start > 2 * max(n - start, 1):
+            # the ring moved past what the spill holds (its chunks are freed), the file holds twice it,
+            # or known tensors were pruned (those on file are no longer a prefix of the recorder's)
+            if (start > self.events or n - self.file_start > 2 * max(n - start, 1)
+                    or self.recorded().pruned != self.pruned):
                 self._rotate(int(start), memoryview(carried), n)
                 return
         self._append(n)
@@ -158,13 +171,21 @@ class SpillWriter:
         if threads != self.threads:
             self._record(b"T", json.dumps(threads).encode())
             self.threads = threads
-        plans, graphs, tensors = self.recorded()
-        if len(plans) > self.plans or len(graphs) > self.graphs or len(tensors) > self.tensors:
-            new_graphs = graphs[self.graphs:]
-            doc = {"plans": [p.to_json() for p in plans[self.plans:]], "graphs": [g.to_json() for g in new_graphs],
-                   "sources": [g.source for g in new_graphs], "tensors": [list(t) for t in tensors[self.tensors:]]}
+        plans, graphs, tensors, pruned = self.recorded()
+        if len(plans) > self.plans or len(graphs) > self.graphs:
+            key = (self.plans, self.graphs, len(plans), len(graphs))
+            if self._compiled[0] != key:  # (kept: a ring's spill writes them again at every rewrite)
+                new_graphs = graphs[self.graphs:]
+                doc = {"plans": [p.to_json() for p in plans[self.plans:]],
+                       "graphs": [g.to_json() for g in new_graphs], "sources": [g.source for g in new_graphs]}
+                self._compiled = (key, json.dumps(doc, separators=(",", ":")).encode())
+            self._record(b"P", self._compiled[1])
+            self.plans, self.graphs = len(plans), len(graphs)
+        if len(tensors) > self.tensors:
+            doc = {"tensors": [list(t) for t in tensors[self.tensors:]]}
             self._record(b"P", json.dumps(doc, separators=(",", ":")).encode())
-            self.plans, self.graphs, self.tensors = len(plans), len(graphs), len(tensors)
+            self.tensors = len(tensors)
+        self.pruned = pruned
         os.fsync(self._fd)
         # on disk now: the native store may free them (its memory stays about one chunk)
         self.events = written

@@ -54,6 +54,13 @@ def memprof_spill() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def memprof_ring() -> Iterator[None]:
+    """`memprof trace --keep-last 2`: the ring moves at every step, its spill is rewritten as it grows."""
+    with tempfile.TemporaryDirectory() as d, memprof.capture(output=Path(d) / "bench.memprof", keep_last=2):
+        yield
+
+
+@contextlib.contextmanager
 def memprof_ops() -> Iterator[None]:
     with memprof.capture(kernels=False):
         yield
@@ -90,6 +97,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "plain": plain,
     "memprof": memprof_kernels,
     "memprof + spill (trace)": memprof_spill,
+    "memprof + ring (--keep-last 2)": memprof_ring,
     "memprof --no-kernel-scopes": memprof_ops,
     "memprof --scopes graphs": memprof_graphs,
     "memprof --scopes none": memprof_allocs,

@@ -18,11 +18,12 @@ import os
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 from memprof.errors import one_line
-from memprof.plans import CompiledGraph, FxGraph, FxNode, KnownTensor, Plan, RecomputedNode
+from memprof.plans import CompiledGraph, FxGraph, FxNode, KnownTensor, Plan, RecomputedNode, prune_known
 from memprof.torch_hooks import inductor, partition
 from memprof.torch_hooks.fx import call_spec, is_random_node, node_module_path, value_info
 from memprof.torch_hooks.patch import Patches
@@ -126,6 +127,9 @@ class PlanRecorder:
         self.plans: list[Plan] = []
         self.graphs: list[CompiledGraph] = []
         self.tensors: list[KnownTensor] = []
+        self.tensors_pruned = 0  # times `prune_tensors` dropped records (the spill then writes them anew)
+        self.record_tensors = True  # False once a step window closed: later records could name nothing
+        self._last_seen: dict[tuple[str, str], tuple[Any, int, int]] = {}
         self.active = False
         self.installed = False  # the hooks went in (memprof installs them at the first torch.compile)
         self._graph_plan: dict[int, int] = {}
@@ -232,7 +236,16 @@ class PlanRecorder:
                                          inductor_estimate_kept=min(kept) if kept else None))
 
     # -- known tensors --------------------------------------------------------------------
+    def prune_tensors(self, before_ns: int) -> None:
+        """Keep only the records a capture storing the events from `before_ns` on needs (`prune_known`)."""
+        kept = prune_known(self.tensors, before_ns)
+        if len(kept) != len(self.tensors):
+            self.tensors = kept
+            self.tensors_pruned += 1
+
     def _add_tensor(self, t_ns: int, tensor: Any, category: str, name: str) -> None:
+        if not self.record_tensors:
+            return
         try:
             if tensor.device.type == "meta" or getattr(tensor, "is_fake", False):
                 return
@@ -244,9 +257,17 @@ class PlanRecorder:
             ptr, nbytes = int(storage.data_ptr()), int(storage.nbytes())
         except Exception:
             return
-        if ptr and nbytes:
-            device = str(tensor.device) if tensor.device.type != "cuda" else f"cuda:{tensor.device.index or 0}"
-            self.tensors.append(KnownTensor(t_ns, device, ptr, nbytes, category, name))
+        if not ptr or not nbytes:
+            return
+        # the same tensor, at the same address and size as when last seen under this name, names the
+        # same block: one record for a parameter or optimizer state is enough, however many steps
+        seen = self._last_seen.get((category, name))
+        if seen is not None and seen[0]() is tensor and seen[1:] == (ptr, nbytes):
+            return
+        with contextlib.suppress(TypeError):  # (a tensor subclass without weak references: recorded each time)
+            self._last_seen[(category, name)] = (weakref.ref(tensor), ptr, nbytes)
+        device = str(tensor.device) if tensor.device.type != "cuda" else f"cuda:{tensor.device.index or 0}"
+        self.tensors.append(KnownTensor(t_ns, device, ptr, nbytes, category, name))
 
     def record_modules(self) -> None:
         """Parameters and buffers of every live nn.Module (names from the outermost modules)."""

@@ -289,3 +289,46 @@ def test_dynamic_shape_llama_compiles_the_same_graphs_under_memprof() -> None:
                           str(ROOT / "examples" / "train_llama.py"), "--vary-seq", "--steps", "5"],
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0 and "same counters" in res.stdout, res.stdout + res.stderr[-3000:]
+
+
+def test_a_ring_and_a_window_are_exact_on_cuda() -> None:
+    """Each step a ring (keep_last) or a window stores peaks at that step's max_memory_allocated() and
+    ends at its memory_allocated(); the OOM after the ring attributes exactly memory_allocated() there,
+    and its reserved bytes (carried from before the ring) are memory_reserved()."""
+    from memprof.analysis.oom import oom_reports
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).cuda()
+    opt = torch.optim.AdamW(model.parameters())
+
+    def loop(steps: int, peaks: dict[int, int], ends: dict[int, int]) -> list[torch.Tensor]:
+        keep = []
+        for step in range(1, steps + 1):
+            torch.cuda.reset_peak_memory_stats()
+            model(torch.randn(64 * step, 1024, device="cuda")).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            keep.append(torch.empty(1 << 16, device="cuda"))
+            peaks[step], ends[step] = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+            memprof.step()  # step k is loop iteration k exactly
+        return keep
+
+    torch.cuda.synchronize()
+    for kwargs, stored in (({"keep_last": 3}, [6, 7, 8]), ({"steps": (3, 5)}, [3, 4, 5])):
+        peaks: dict[int, int] = {}
+        ends: dict[int, int] = {}
+        with memprof.capture(**kwargs) as cap:  # type: ignore[arg-type]
+            keep = loop(8, peaks, ends)
+            with pytest.raises(torch.OutOfMemoryError):
+                torch.empty(1 << 46, device="cuda")
+            allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+        del keep
+        steps = [s for s in cap.steps("cuda:0") if s.complete]
+        assert [s.step for s in steps] == stored
+        for s in steps:
+            assert (s.peak, s.allocated_at_end) == (peaks[s.step], ends[s.step]), s.step
+            assert sum(r.bytes for r in cap.attribution(at=f"step:{s.step}", by="category")) == s.peak
+        if "keep_last" in kwargs:
+            report = oom_reports(cap)[0]
+            assert report.allocated_bytes == allocated and sum(r.bytes for r in report.by_category) == allocated
+            assert report.reserved_bytes == reserved

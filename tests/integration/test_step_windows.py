@@ -194,3 +194,22 @@ def test_a_killed_ring_is_recovered_and_its_spill_stays_bounded(tmp_path: Path) 
     step = cap.steps()[1]
     rows = cap.attribution(at=f"step:{step.step}", by="kernel")
     assert sum(r.bytes for r in rows) == step.peak
+
+
+def test_the_bundled_example_windowed_and_ringed_attributes_as_its_full_capture(tmp_path: Path) -> None:
+    """The compiled example, traced unmodified three ways (in parallel): every complete step that a
+    window and a ring store attributes, by category, FX node, layer and kernel, as the full capture."""
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "train_llama.py")
+    ways = {"full": [], "window": ["--steps", "4:6"], "ring": ["--keep-last", "3"]}
+    procs = {name: subprocess.Popen([sys.executable, "-m", "memprof", "trace", *args, "-o", f"{name}.memprof",
+                                     example, "--steps", "9", "--device", "cpu"], cwd=tmp_path,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for name, args in ways.items()}
+    for name, proc in procs.items():
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, (name, err[-2000:])
+    full, window, ring = (memprof.load(tmp_path / f"{name}.memprof") for name in ways)
+    assert full.plans and window.plans and ring.plans  # the first step compiles: recorded outside the window too
+    _same_attribution(full, window, [4, 5, 6])
+    _same_attribution(full, ring, [7, 8, 9])
+    assert all(c.level == "buffer" for c in window.labels().calls)  # the window's graph calls join buffer by buffer
