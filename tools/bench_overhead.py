@@ -2,10 +2,13 @@
 
 Variants run in rotating rounds (blocks of --block steps each, the order rotating every
 round) so drift hits them alike; each step is timed wall-clock with a CUDA sync at its end.
-Prints a table last: median and p10 step time, ratio to plain, capture bytes per event,
-and `memprof report` time on a capture of that run.
+Prints a table last: median and p10 step time, ratio to plain, the paired ratio to memprof's
+in-RAM capture (each round's block median over memprof's in the same round, the median over
+rounds), capture bytes per event, and `memprof report` time on a capture of that run.
 
     python tools/bench_overhead.py --batch 2 --batch 16 --rounds 6 --block 10
+    python tools/bench_overhead.py --batch 2 --rounds 16 --block 10 \
+        --variants "memprof + spill (trace),memprof + ring (--keep-last 2)"
 """
 
 from __future__ import annotations
@@ -111,7 +114,7 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
 
 
-def bench(batch: int, rounds: int, block: int) -> list[dict[str, object]]:
+def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[str, object]]:
     ex = load_example("llama")
     import torch._functorch.config as fc
 
@@ -133,19 +136,20 @@ def bench(batch: int, rounds: int, block: int) -> list[dict[str, object]]:
     t = time.perf_counter()
     step()
     compile_s = time.perf_counter() - t
-    for make in VARIANTS.values():  # warm every variant once
-        with make():
+    for name in names:  # warm every variant once
+        with VARIANTS[name]():
             for _ in range(3):
                 step()
-    times: dict[str, list[float]] = {k: [] for k in VARIANTS}
-    names = list(VARIANTS)
+    times: dict[str, list[float]] = {k: [] for k in names}
+    blocks: dict[str, list[float]] = {k: [] for k in names}  # each round's block median
     events = 0
     for r in range(rounds):
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             with VARIANTS[name]():
-                for _ in range(block):
-                    times[name].append(step())
+                block_times = [step() for _ in range(block)]
+            times[name] += block_times
+            blocks[name].append(statistics.median(block_times))
             if name == "memprof":
                 events += len(LAST_CAPTURE[0].raw)
     cap = LAST_CAPTURE[0]
@@ -153,9 +157,11 @@ def bench(batch: int, rounds: int, block: int) -> list[dict[str, object]]:
     rows: list[dict[str, object]] = []
     for name in names:
         med = statistics.median(times[name])
+        # paired: this variant's block against memprof's in the same round, the median over rounds
+        paired = statistics.median(b / m for b, m in zip(blocks[name], blocks["memprof"], strict=True))
         rows.append({"batch": batch, "variant": name, "steps": len(times[name]), "median_ms": med * 1e3,
                      "p10_ms": pct(times[name], 0.1) * 1e3, "p90_ms": pct(times[name], 0.9) * 1e3,
-                     "ratio": med / base, "compile_s": compile_s})
+                     "ratio": med / base, "vs_memprof": paired, "compile_s": compile_s})
     # capture memory per event, and report time on the last memprof capture (one block)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "bench.memprof"
@@ -182,10 +188,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--variants", default=",".join(VARIANTS),
+                    help="comma-separated variants to run (plain and memprof always run)")
     args = ap.parse_args()
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    names = ["plain", "memprof", *[v for v in names if v not in ("plain", "memprof")]]
     rows: list[dict[str, object]] = []
     for b in args.batch or [2]:
-        rows += bench(b, args.rounds, args.block)
+        rows += bench(b, args.rounds, args.block, names)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
         print_table(rows)
@@ -194,7 +207,7 @@ def main() -> None:
 def print_table(rows: list[dict[str, object]]) -> None:
     print(f"\npaper Llama, budget 0.13, Inductor, {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'batch':>5} {'variant':<32} {'steps':>5} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} "
-          f"{'ratio':>6}  extra")
+          f"{'ratio':>6} {'vs memprof':>10}  extra")
     for r in rows:
         extra = ""
         if "bytes_per_event" in r:
@@ -202,7 +215,7 @@ def print_table(rows: list[dict[str, object]]) -> None:
                      f"{r['report_s_in_process']:.2f} s in-process / {r['report_s_cli']:.2f} s CLI "
                      f"({r['capture_events']} events)")
         print(f"{r['batch']:>5} {r['variant']:<32} {r['steps']:>5} {r['median_ms']:>10.2f} {r['p10_ms']:>8.2f} "
-              f"{r['p90_ms']:>8.2f} {r['ratio']:>6.3f}  {extra}", flush=True)
+              f"{r['p90_ms']:>8.2f} {r['ratio']:>6.3f} {r['vs_memprof']:>10.3f}  {extra}", flush=True)
 
 if __name__ == "__main__":
     main()

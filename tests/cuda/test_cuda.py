@@ -301,24 +301,27 @@ def test_a_ring_and_a_window_are_exact_on_cuda() -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).cuda()
     opt = torch.optim.AdamW(model.parameters())
 
-    def loop(steps: int, peaks: dict[int, int], ends: dict[int, int]) -> list[torch.Tensor]:
-        keep = []
-        for step in range(1, steps + 1):
-            torch.cuda.reset_peak_memory_stats()
-            model(torch.randn(64 * step, 1024, device="cuda")).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-            keep.append(torch.empty(1 << 16, device="cuda"))
-            peaks[step], ends[step] = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
-            memprof.step()  # step k is loop iteration k exactly
-        return keep
+    peaks: dict[int, int] = {}
+    ends: dict[int, int] = {}
 
+    def at_step(*_: object) -> None:  # runs before memprof's own step hook: step k ends at the k-th opt.step()
+        n = len(peaks) + 1
+        peaks[n], ends[n] = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+
+    opt.register_step_post_hook(at_step)
     torch.cuda.synchronize()
     for kwargs, stored in (({"keep_last": 3}, [6, 7, 8]), ({"steps": (3, 5)}, [3, 4, 5])):
-        peaks: dict[int, int] = {}
-        ends: dict[int, int] = {}
+        peaks.clear()
+        ends.clear()
         with memprof.capture(**kwargs) as cap:  # type: ignore[arg-type]
-            keep = loop(8, peaks, ends)
+            torch.cuda.reset_peak_memory_stats()
+            keep = []
+            for step in range(1, 9):
+                model(torch.randn(64 * step, 1024, device="cuda")).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+                keep.append(torch.empty(1 << 16, device="cuda"))
             with pytest.raises(torch.OutOfMemoryError):
                 torch.empty(1 << 46, device="cuda")
             allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
