@@ -132,7 +132,7 @@ class Recorder:
                     self.plan_recorder.record_modules()
                 except Exception as exc:  # never fail the capture over names
                     self._note(f"modules not scanned at the start ({one_line(exc)})")
-            self.meta["plans"] = "recorded (Inductor and AOTAutograd caches off during the capture)"
+            self.meta["plans"] = "recorded (Inductor's FX graph cache and AOTAutograd's cache off during the capture)"
         else:
             self.meta["plans"] = "off"
         # marks at the start and stop of every collection, so that what Python's cyclic garbage
@@ -366,7 +366,8 @@ def capture(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
     record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
     open a scope for each compiled graph call and kernel launch. `plans` records what
     torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
-    Inductor's caches are off meanwhile) for `Capture.attribution`. The yielded `Capture` is
+    Inductor's FX graph cache and AOTAutograd's are off meanwhile; compiled kernels still come from
+    their caches) for `Capture.attribution`. The yielded `Capture` is
     filled when the block exits, also when it exits by an exception. With `output`, it is also
     saved there (atomically) however the block exits: an exception, an OOM, `sys.exit`, Ctrl-C or
     SIGTERM/SIGHUP; a file that cannot be written raises `SaveError` (after a normal exit) or is

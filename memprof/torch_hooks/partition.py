@@ -9,9 +9,12 @@ features are active, and removes itself when the last one ends (in any order). T
   (`Transforming`: `memprof.remat.partitioner(...)`, `memprof.remat.partition_fn(...)`), which
   applies its pass itself;
 - tells every observer (`observing`) what was partitioned, also when the partitioner failed;
-- keeps Inductor's caches from skipping it: with an observer, its `uuid()` is None and the FX graph
-  cache is off (a hit would skip partitioning and code generation); with only a transform, the
-  key names the transform and memprof's source. AOTAutograd's cache is off while either is active.
+- keeps Inductor's caches from skipping it: with an observer, Inductor's FX graph cache is off (a
+  hit would skip the code generation the observer records) and its `uuid()` is None; with only a
+  transform, the key names the transform and memprof's source. AOTAutograd's cache (a hit skips
+  partitioning) is off while either is active. Every other cache stays as the user has it: the
+  compiled kernels (C++, Triton) come from their caches when an earlier run built them, so a
+  second trace compiles warm, and Dynamo's profile-guided dynamism behaves as without memprof.
 """
 
 from __future__ import annotations
@@ -151,7 +154,7 @@ def _aot_call(original: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
-_CACHE_FLAGS = (("torch._inductor.config", "force_disable_caches"),
+_CACHE_FLAGS = (("torch._inductor.config", "fx_graph_cache"),
                 ("torch._functorch.config", "enable_autograd_cache"))
 
 
@@ -180,7 +183,7 @@ def _refresh() -> None:
         patches.undo()
         return
     if _patches is not None:
-        wanted = {"force_disable_caches": _cache_defaults["force_disable_caches"] or bool(_observers),
+        wanted = {"fx_graph_cache": _cache_defaults["fx_graph_cache"] and not _observers,
                   "enable_autograd_cache": _cache_defaults["enable_autograd_cache"] and not (_observers or _transforms)}
         for module, name in _CACHE_FLAGS:
             obj, attr = resolve(module, name)

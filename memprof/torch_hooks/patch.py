@@ -16,7 +16,7 @@ from typing import Any
 # (module, attribute path): everything `Patches.set` may replace
 TARGETS: tuple[tuple[str, str], ...] = (
     ("torch._inductor.config", "custom_partitioner_fn"),
-    ("torch._inductor.config", "force_disable_caches"),
+    ("torch._inductor.config", "fx_graph_cache"),
     ("torch._functorch.config", "enable_autograd_cache"),
     ("torch._dynamo.backends.common", "AotAutograd.__call__"),
     ("torch._inductor.graph", "GraphLowering.codegen"),
