@@ -245,12 +245,10 @@ class Recorder:
             self._note(warning)
         # every event: the ring's (what was carried into it, then its own), or what the spill holds (the
         # store freed it) and the store's tail, or the store's
-        if self.keep.keep_last:
-            raw = ring_events()
-        elif self.spill is not None:
-            raw = self.spill.session_events()
+        if self.keep.keep_last or self.spill is None:
+            raw = ring_events() if self.keep.keep_last else np.asarray(C.events()).view(EVENT_DTYPE)
         else:
-            raw = np.asarray(C.events()).view(EVENT_DTYPE)
+            raw = self.spill.session_events()
         dropped = int(C.dropped())
         threads = thread_table()
         main = [t["index"] for t in threads if t["tid"] == self.native_tid]
@@ -365,10 +363,10 @@ def capture(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
     with `kernels`, each Triton kernel launch), "graphs" (compiled-graph calls and user
     record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
     open a scope for each compiled graph call and kernel launch. `plans` records what
-    torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
-    Inductor's FX graph cache and AOTAutograd's are off meanwhile; compiled kernels still come from
-    their caches) for `Capture.attribution`. The yielded `Capture` is
-    filled when the block exits, also when it exits by an exception. With `output`, it is also
+    torch.compile decides for graphs compiled inside the block (partitions, wrapper code; Inductor's
+    FX graph cache and AOTAutograd's are off meanwhile, the kernel caches are not) for
+    `Capture.attribution`. The yielded `Capture` is filled when the block exits, also when it exits
+    by an exception. With `output`, it is also
     saved there (atomically) however the block exits: an exception, an OOM, `sys.exit`, Ctrl-C or
     SIGTERM/SIGHUP; a file that cannot be written raises `SaveError` (after a normal exit) or is
     one stderr line (when the block's own exception is on its way out).
