@@ -125,14 +125,14 @@ class Recorder:
         if self.record_plans:
             from memprof.torch_hooks.plan_recorder import PlanRecorder
 
-            self.plan_recorder = PlanRecorder(C.now_ns, self._note, self.knapsack_evaluator)
+            self.plan_recorder = PlanRecorder(C.now_ns, self._note, self.knapsack_evaluator, fx_cache=True)
             runtime.on_first_compile(p, self._install_plans)
             if self.meta.get("preexisting"):  # name what was allocated before the capture
                 try:
                     self.plan_recorder.record_modules()
                 except Exception as exc:  # never fail the capture over names
                     self._note(f"modules not scanned at the start ({one_line(exc)})")
-            self.meta["plans"] = "recorded (Inductor's FX graph cache and AOTAutograd's cache off during the capture)"
+            self.meta["plans"] = "recorded (AOTAutograd's cache off during the capture)"
         else:
             self.meta["plans"] = "off"
         # marks at the start and stop of every collection, so that what Python's cyclic garbage

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Protocol
 
 from memprof.errors import one_line
@@ -55,6 +56,13 @@ def peak_outputs_kept(memory: Any, nodes: Any, name_to_freeable_input_buf: Any, 
         live += d
         peak = max(peak, live)
     return peak
+
+
+def cache_root() -> Path:
+    """Inductor's cache directory (TORCHINDUCTOR_CACHE_DIR or its default)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return Path(cache_dir())
 
 
 def install_graph_hooks(patches: Patches, sink: GraphSink) -> None:

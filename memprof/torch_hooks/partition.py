@@ -9,12 +9,15 @@ features are active, and removes itself when the last one ends (in any order). T
   (`Transforming`: `memprof.remat.partitioner(...)`, `memprof.remat.partition_fn(...)`), which
   applies its pass itself;
 - tells every observer (`observing`) what was partitioned, also when the partitioner failed;
-- keeps Inductor's caches from skipping it: with an observer, Inductor's FX graph cache is off (a
-  hit would skip the code generation the observer records) and its `uuid()` is None; with only a
-  transform, the key names the transform and memprof's source. AOTAutograd's cache (a hit skips
-  partitioning) is off while either is active. Every other cache stays as the user has it: the
-  compiled kernels (C++, Triton) come from their caches when an earlier run built them, so a
-  second trace compiles warm, and Dynamo's profile-guided dynamism behaves as without memprof.
+- keeps Inductor's caches from skipping it: AOTAutograd's cache (a hit skips partitioning) is off
+  while any observer or transform is active. Inductor's FX graph cache (a hit skips code
+  generation) is off while an observer that cannot do without code generation is active
+  (`observing(fx_cache=False)`: its `uuid()` is then None); an observer that keeps its own record
+  of what a hit skips (the capture's plan recorder, `memprof.graph_store`) leaves it on, with keys
+  of memprof's own (its `uuid()` names memprof's source), so every hit is a graph memprof saw
+  compiled. With only a transform, the key names the transform and memprof's source. Every other
+  cache stays as the user has it: compiled kernels (C++, Triton) come from their caches, and
+  Dynamo's profile-guided dynamism behaves as without memprof.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class PartitionObserver(Protocol):
 
 _lock = threading.RLock()
 _observers: list[PartitionObserver] = []
+_uncached: list[PartitionObserver] = []  # observers that need Inductor's FX graph cache off
 _transforms: list[tuple[str, Transform]] = []  # (cache salt, transform), innermost last
 _patches: Patches | None = None
 _cache_defaults: dict[str, bool] = {}
@@ -106,9 +110,11 @@ def _inductor_class() -> type:
 
         def uuid(self) -> str | None:
             with _lock:
-                if _observers:
+                if _uncached:
                     return None  # a recorded compile: no cache may skip it
                 salt = _transforms[-1][0] if _transforms and not isinstance(self.inner, Transforming) else ""
+                if _observers:
+                    salt = f"observed|{salt}"  # memprof's own entries: each hit has memprof's record
             inner_id = None
             if self.inner is not None:
                 inner_id = self.inner.uuid() if hasattr(self.inner, "uuid") else None
@@ -183,7 +189,7 @@ def _refresh() -> None:
         patches.undo()
         return
     if _patches is not None:
-        wanted = {"fx_graph_cache": _cache_defaults["fx_graph_cache"] and not _observers,
+        wanted = {"fx_graph_cache": _cache_defaults["fx_graph_cache"] and not _uncached,
                   "enable_autograd_cache": _cache_defaults["enable_autograd_cache"] and not (_observers or _transforms)}
         for module, name in _CACHE_FLAGS:
             obj, attr = resolve(module, name)
@@ -207,9 +213,12 @@ def _joined(items: list[Any], item: Any) -> Iterator[None]:
             _refresh()
 
 
-def observing(observer: PartitionObserver) -> contextlib.AbstractContextManager[None]:
-    """Within: `observer` sees every partition (Inductor's FX graph cache and AOTAutograd's are off)."""
-    return _joined(_observers, observer)
+@contextlib.contextmanager
+def observing(observer: PartitionObserver, fx_cache: bool = False) -> Iterator[None]:
+    """Within: `observer` sees every partition (AOTAutograd's cache is off; Inductor's FX graph cache
+    too unless `fx_cache`: the observer keeps what a hit skips)."""
+    with _joined(_observers, observer), (contextlib.nullcontext() if fx_cache else _joined(_uncached, observer)):
+        yield
 
 
 def transforming(salt: str, transform: Transform) -> contextlib.AbstractContextManager[None]:

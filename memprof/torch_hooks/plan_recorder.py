@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memprof.errors import one_line
+from memprof.graph_store import GraphRecord, GraphStore
 from memprof.plans import CompiledGraph, FxGraph, FxNode, KnownTensor, Plan, RecomputedNode, prune_known
 from memprof.torch_hooks import inductor, partition
 from memprof.torch_hooks.fx import call_spec, is_random_node, node_module_path, value_info
@@ -120,8 +121,12 @@ class PlanRecorder:
     """The compile hooks of one capture (or prediction) and what they see."""
 
     def __init__(self, now_ns: Callable[[], int], note: Callable[[str], None],
-                 knapsack_evaluator: bool = False) -> None:
+                 knapsack_evaluator: bool = False, fx_cache: bool = False) -> None:
         self.now_ns = now_ns
+        # `fx_cache`: Inductor's FX graph cache stays on (memprof's own entries, `partition.observing`)
+        # and `store` keeps what a hit skips, beside that cache; otherwise the cache is off while recording
+        self.fx_cache = fx_cache
+        self.store: GraphStore | None = None
         self.note = note
         self.knapsack_evaluator = knapsack_evaluator  # run KnapsackEvaluator on each knapsack plan
         self.plans: list[Plan] = []
@@ -141,6 +146,11 @@ class PlanRecorder:
     # -- install / uninstall ------------------------------------------------------------
     def install(self) -> None:
         self.active = self.installed = True
+        if self.fx_cache and self.store is None:
+            try:
+                self.store = GraphStore(inductor.cache_root() / "memprof")
+            except Exception as exc:  # no cache directory: recorded with the FX graph cache off
+                self.error(f"no store beside Inductor's cache ({one_line(exc)}); its FX graph cache is off")
         patches = self._hooks.enter_context(Patches())
         if self.knapsack_evaluator:
             try:
@@ -152,7 +162,7 @@ class PlanRecorder:
         except Exception as exc:  # an unexpected torch version: capture without plans
             self.error(f"Inductor hooks unavailable ({one_line(exc)}); no compile plans")
         try:
-            self._hooks.enter_context(partition.observing(self))
+            self._hooks.enter_context(partition.observing(self, fx_cache=self.store is not None))
         except Exception as exc:
             self.error(f"partitioner hook unavailable ({one_line(exc)}); no compile plans")
 
@@ -216,6 +226,19 @@ class PlanRecorder:
         if not key:
             key = f"memprof-{os.getpid()}-{next(_counter)}"
             result._fx_graph_cache_key = key  # only names the graph's profiler scope
+        elif self.store is not None:  # Inductor's FX graph cache is on: a hit skipped code generation
+            if origins:
+                self.store.put(key, GraphRecord(origins[-1], min((a for a, _k in estimates), default=None),
+                                                min((k for _a, k in estimates if k is not None), default=None)))
+            else:
+                stored = self.store.get(str(key))
+                if stored is None:
+                    self.error(f"a graph came from Inductor's cache without memprof's record of its buffers "
+                               f"(key {key}); it is attributed at kernel level (a trace with an empty "
+                               "TORCHINDUCTOR_CACHE_DIR records it again)")
+                else:
+                    origins = [stored.origins]
+                    estimates = [(stored.estimate, stored.estimate_kept)] if stored.estimate is not None else []
         role = "backward" if kwargs.get("is_backward") else ("inference" if kwargs.get("is_inference") else "forward")
         graph_id = kwargs.get("graph_id")
         plan: int | None = None
