@@ -26,10 +26,12 @@ EXAMPLE = str(ROOT / "examples" / "train_llama.py")
 BY = ("category", "node", "layer", "kernel")
 
 
-def timed(cmd: list[str], cache: Path, cwd: Path) -> float:
+def timed(cmd: list[str], cache: Path, cwd: Path, threads: int) -> float:
     t0 = time.perf_counter()
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
-                         env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)}
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env)
     if res.returncode != 0:
         sys.exit(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip().splitlines()[-1:]}")
     return time.perf_counter() - t0
@@ -41,6 +43,8 @@ def differing_rows(a: memprof.Capture, b: memprof.Capture) -> int:
         for by in BY:
             ra = {(r.key, r.bytes, r.count) for r in a.attribution(at=f"step:{s.step}", by=by)}
             rb = {(r.key, r.bytes, r.count) for r in b.attribution(at=f"step:{s.step}", by=by)}
+            if ra != rb:
+                print(f"step {s.step} by {by}: cold only {sorted(ra - rb)[:3]}, warm only {sorted(rb - ra)[:3]}")
             out += len(ra ^ rb)
     return out
 
@@ -48,6 +52,9 @@ def differing_rows(a: memprof.Capture, b: memprof.Capture) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=1,
+                   help="OMP_NUM_THREADS of every run (0: torch's default); with more than one, what the CPU "
+                        "attention backward allocates varies from run to run by the threads' schedule")
     args = p.parse_args()
     times: dict[str, list[float]] = {}
     differ: list[int] = []
@@ -65,13 +72,14 @@ def main() -> None:
                 cache = d / f"cache-{name.replace(' ', '_')}-{r}"
                 for phase in ("cold", "warm"):
                     out = str(d / f"{phase}.memprof")
-                    times.setdefault(f"{name} ({phase})", []).append(timed(variants[name](out), cache, d))
+                    times.setdefault(f"{name} ({phase})", []).append(timed(variants[name](out), cache, d, args.threads))
                 if name == "memprof trace":
                     differ.append(differing_rows(memprof.load(d / "cold.memprof"), memprof.load(d / "warm.memprof")))
             for name, cmd in (("python imp.py", [sys.executable, "imp.py"]),
                               ("memprof trace imp.py", [*memprof_cmd, "-o", str(d / "imp.memprof"), "imp.py"])):
-                times.setdefault(name, []).append(timed(cmd, d / "cache-imp", d))
-    print(f"\nthe bundled example (train_llama.py, cpu), {args.rounds} rounds; whole-process seconds")
+                times.setdefault(name, []).append(timed(cmd, d / "cache-imp", d, args.threads))
+    print(f"\nthe bundled example (train_llama.py, cpu, OMP_NUM_THREADS={args.threads or 'default'}), "
+          f"{args.rounds} rounds; whole-process seconds")
     print(f"{'command':<26} {'median s':>9}  runs")
     for name, ts in times.items():
         print(f"{name:<26} {statistics.median(ts):>9.2f}  {' '.join(f'{t:.2f}' for t in ts)}")
