@@ -81,6 +81,9 @@ class CaptureInfo:
     keep_last: int = 0  # the capture stored a ring of the last steps (`Keep`)
     window_state: str | None = None  # the window at the end: "pending" (it never opened), "open", "closed"
     ended_by: str | None = None  # "exit-after": memprof ended the script after the window
+    rank: int | None = None  # this capture's rank in a distributed run (`memprof.ranks`), None outside one
+    world_size: int | None = None
+    backend: str | None = None  # the process group's ("gloo", "nccl"), when the script made one
 
     @staticmethod
     def from_meta(meta: dict[str, Any]) -> CaptureInfo:
@@ -90,6 +93,7 @@ class CaptureInfo:
         main, first = meta.get("main_thread"), meta.get("first_dropped_ns")
         limits = meta.get("recompile_limits")
         window = meta.get("window")
+        dist = meta.get("distributed") if isinstance(meta.get("distributed"), dict) else None
         return CaptureInfo(
             t_start_ns=_int(meta.get("t_start_ns")), t_stop_ns=_int(meta.get("t_stop_ns")), baselines=baselines,
             preexisting=pre, main_thread=main if isinstance(main, int) else None,
@@ -108,4 +112,7 @@ class CaptureInfo:
             keep_last=_int(meta.get("keep_last")),
             window_state=meta.get("window_state") if isinstance(meta.get("window_state"), str) else None,
             ended_by=meta.get("ended_by") if isinstance(meta.get("ended_by"), str) else None,
+            rank=_int(dist.get("rank"), -1) if dist else None,
+            world_size=_int(dist.get("world_size")) if dist else None,
+            backend=dist.get("backend") if dist and isinstance(dist.get("backend"), str) else None,
         )

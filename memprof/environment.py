@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import platform
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,27 @@ def base_meta() -> dict[str, Any]:
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "notes": [],
     }
+
+
+def distributed_at_start() -> dict[str, Any]:
+    """The rank the launcher gave this process (`memprof.ranks`), or nothing outside a distributed launch."""
+    from memprof.ranks import launched_rank
+
+    rank = launched_rank()
+    return {"distributed": rank.to_meta()} if rank is not None else {}
+
+
+def note_backend(meta: dict[str, Any]) -> None:
+    """The process group's backend, once the script has made one (at each step and at the stop: a
+    script may destroy its group before it ends)."""
+    dist = sys.modules.get("torch.distributed")
+    d = meta.get("distributed")
+    if isinstance(d, dict) and "backend" not in d and dist is not None:
+        try:
+            if dist.is_available() and dist.is_initialized():
+                d["backend"] = str(dist.get_backend())
+        except Exception:  # (a group already destroyed)
+            pass
 
 
 def devices_at_start(cuda_ready: bool) -> dict[str, Any]:

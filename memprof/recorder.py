@@ -85,10 +85,9 @@ class Recorder:
                 "slot, so stop the profiler before starting a capture"
             )
         cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
-        self.meta.update(environment.devices_at_start(cuda_ready), max_events=self.max_events, scopes=self.scopes,
-                         kernel_scopes=self.kernels)
         keep = self.keep
-        self.meta.update(keep.to_meta())
+        self.meta.update(environment.devices_at_start(cuda_ready), **environment.distributed_at_start(),
+                         **keep.to_meta(), max_events=self.max_events, scopes=self.scopes, kernel_scopes=self.kernels)
         try:
             C.start(self.max_events, SCOPE_BITS[self.scopes], first_step=keep.first, last_step=keep.last or _NO_LAST,
                     keep_last=keep.keep_last)
@@ -202,6 +201,7 @@ class Recorder:
         self.step += 1
         self.meta["step_source"] = source
         native().mark_step(self.step)
+        environment.note_backend(self.meta)
         if self.plan_recorder is not None and (self.keep.last is not None or self.keep.keep_last):
             self._bound_known()
         if self.keep.exit_after and self.keep.last is not None and self.step >= self.keep.last:
@@ -212,9 +212,8 @@ class Recorder:
         return self.step
 
     def _bound_known(self) -> None:
-        """Known tensors for the stored steps only, whatever the run's length: none after a window
-        closed, and before a window opens or behind a ring only those that may name a block carried
-        in (`PlanRecorder.prune_tensors`; every 32 steps, or every ring's length)."""
+        """Known tensors for the stored steps only: none after a window closed, and before a window opens
+        or behind a ring only those that may name a carried block (`PlanRecorder.prune_tensors`)."""
         rec, keep, step = self.plan_recorder, self.keep, self.step
         if keep.last is not None:
             if step >= keep.last:
@@ -259,6 +258,7 @@ class Recorder:
             child_processes=self.children["other"], steps=self.step, main_thread=main[0] if main else None,
             window_state=C.window_state())
         self.meta.setdefault("step_source", None)
+        environment.note_backend(self.meta)
         strings = list(C.strings())
         C.release()
         self.cap.set_recorded(raw, strings, self.meta, threads, list(rec.plans) if rec else [],

@@ -39,8 +39,9 @@ __all__ = ["BEFORE_CAPTURE", "BY", "CATEGORIES", "AttributionRow", "CallJoin", "
 
 BY = ("category", "node", "layer", "kernel")
 _GRAPH_CALL = "## Call CompiledFxGraph "
-_BACKWARD_SCOPES = ("autograd::engine::evaluate_function", "CompiledFunctionBackward")
-_OPTIMIZER_SCOPES = ("Optimizer.step#", "Optimizer.zero_grad#")
+BACKWARD_SCOPES = (  # scope names that open a backward pass
+    "autograd::engine::evaluate_function", "CompiledFunctionBackward")
+OPTIMIZER_SCOPES = ("Optimizer.step#", "Optimizer.zero_grad#")
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,8 @@ def label_timeline(
     alloc_pos = np.flatnonzero(tl.is_alloc)
     sid = ctx.scope_id
     calls = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(_GRAPH_CALL)])
-    bws = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(_BACKWARD_SCOPES)])
-    opts = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(_OPTIMIZER_SCOPES)])
+    bws = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(BACKWARD_SCOPES)])
+    opts = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(OPTIMIZER_SCOPES)])
     in_backward = _in_backward(ctx, bws)
     # frees: where did the allocation die?
     free_pos = tl.free_of

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 
@@ -15,16 +17,32 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.option("--top", type=click.IntRange(min=1), default=None,
               help="Rows shown [default: 8 in the summary, 20 in --by tables; JSON tables: all].")
-def report(capture_file: str, by: str | None, at: str, device: str | None, as_json: bool, top: int | None) -> None:
+@click.option("--rank", type=int, default=None, help="Of a distributed run's rank files: report this rank.")
+def report(capture_file: str, by: str | None, at: str, device: str | None, as_json: bool, top: int | None,
+           rank: int | None) -> None:
     """Print the peak per device, what is live there by category, the largest allocations and steps.
 
     With --by, print the live bytes at --at grouped by category, FX node, layer or kernel;
-    the rows sum exactly to the live bytes at that point.
+    the rows sum exactly to the live bytes at that point. CAPTURE may name a distributed run
+    (`-o run.memprof` under torchrun wrote run.rank0.memprof, run.rank1.memprof, ...): its ranks
+    side by side, or one of them with --rank.
     """
     from memprof.capture import load
     from memprof.errors import MemprofError
     from memprof.reporters import render
 
+    path = Path(capture_file)
+    if not path.exists() and not Path(f"{capture_file}.spill").exists():
+        from memprof.ranks import rank_files
+
+        files = rank_files(path)
+        if files:
+            _report_ranks(capture_file, files, rank, by, as_json)
+            if rank is None:
+                return
+            capture_file = str(files[rank])
+    elif rank is not None:
+        raise MemprofError(f"--rank needs a distributed run's name; {capture_file} is one capture")
     cap = load(capture_file)
     if device is not None and device not in cap.devices:
         raise MemprofError(f"no allocations on {device} in this capture (devices: {', '.join(cap.devices)})")
@@ -37,3 +55,22 @@ def report(capture_file: str, by: str | None, at: str, device: str | None, as_js
         click.echo(render("table-json", cap, by=by, at=at, device=device, top=top or 0))
     else:
         click.echo(render("table", cap, by=by, at=at, device=device, top=top or 20))
+
+
+def _report_ranks(name: str, files: dict[int, Path], rank: int | None, by: str | None, as_json: bool) -> None:
+    """The merged report of a run's rank files (or, with --rank, only their checks)."""
+    from memprof.analysis.ranks import rank_set
+    from memprof.capture import load
+    from memprof.errors import MemprofError
+    from memprof.ranks import check_set
+    from memprof.reporters.ranks import render_ranks
+
+    caps = {r: load(f) for r, f in files.items()}
+    world = check_set(Path(name), {r: c.meta for r, c in caps.items()})
+    if rank is not None:
+        if rank not in caps:
+            raise MemprofError(f"--rank {rank} is out of range: the run had ranks 0 to {world - 1}")
+        return
+    if by is not None:
+        raise MemprofError(f"--by reports one rank: add --rank R (0 to {world - 1})")
+    click.echo(render_ranks(name, rank_set(caps, world), as_json))

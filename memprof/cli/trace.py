@@ -37,11 +37,14 @@ class TraceOptions:
 
 
 def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | None, launch: Path) -> None:
-    """The summary first, then where each file went (or why it could not be written)."""
+    """The summary first, then where each file went (or why it could not be written). Of a
+    distributed run's ranks only rank 0 prints it; the others print only what went wrong."""
     from memprof.outputs import shown
     from memprof.reporters import render
 
-    click.echo(render("text", cap), err=True)
+    quiet = cap.info.rank not in (None, 0)
+    if not quiet:
+        click.echo(render("text", cap), err=True)
     if chrome_path is not None:
         try:
             write_text(chrome_path, render("chrome", cap))
@@ -50,8 +53,11 @@ def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | Non
         except OSError as exc:
             click.echo(f"memprof: error: the Chrome trace could not be written to {chrome_path}: "
                        f"{exc.strerror or exc}", err=True)
-    if save_error is None:
-        click.echo(f"memprof: capture saved to {shown(out, launch)} (memprof report {shown(out, launch)})", err=True)
+    if save_error is None and not quiet:
+        run = out.with_name(out.name.replace(f".rank{cap.info.rank}.", ".")) if cap.info.rank is not None else out
+        also = f"; every rank's: memprof report {shown(run, launch)}" if cap.info.rank is not None else ""
+        click.echo(f"memprof: capture saved to {shown(out, launch)} (memprof report {shown(out, launch)}{also})",
+                   err=True)
     else:
         click.echo(f"memprof: error: {save_error}", err=True)
     sys.stdout.flush()
@@ -192,9 +198,11 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat
     """
     from memprof.errors import MemprofError
     from memprof.outputs import check_outputs, resolve
+    from memprof.ranks import launched_rank, rank_path
     from memprof.runner import check_script
 
     launch = Path.cwd()
+    rank = launched_rank()
     try:
         keep = Keep.of(window, keep_last, exit_after, names=("--steps", "--keep-last", "--exit-after"))
     except MemprofError as exc:
@@ -203,6 +211,9 @@ def trace(script: str, script_args: tuple[str, ...], budget: float | None, remat
     # resolved now: the script may chdir (or remove its directory) before the capture is written
     out = resolve(output or f"{path.stem}.memprof")
     chrome_path = resolve(chrome) if chrome else None
+    if rank is not None:  # one file per rank (torchrun): run.memprof -> run.rank3.memprof
+        out = rank_path(out, rank.rank)
+        chrome_path = rank_path(chrome_path, rank.rank) if chrome_path is not None else None
     check_outputs({"-o": out, "--chrome": chrome_path}, [("script", path)], force)
     opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes, replace_spill=force, keep=keep)
     _cap, code = traced(path, list(script_args), out, chrome_path, opts, launch)

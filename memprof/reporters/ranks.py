@@ -1,0 +1,32 @@
+"""The merged report of a distributed run's rank files (`memprof report RUN`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from memprof.analysis.ranks import RankSet
+from memprof.analysis.units import fmt_bytes
+
+
+def render_ranks(name: str, ranks: RankSet, as_json: bool) -> str:
+    top = ranks.highest
+    lowest = min(ranks.rows, key=lambda r: (r.peak, r.rank))
+    if as_json:
+        return json.dumps({"run": name, "world_size": ranks.world_size, "backend": ranks.backend,
+                           "highest_rank": top.rank, "spread_bytes": ranks.spread,
+                           "ranks": [asdict(r) for r in ranks.rows]}, indent=1)
+    lines = [f"memprof: {name}: {ranks.world_size} ranks" + (f" ({ranks.backend})" if ranks.backend else ""),
+             f"  {'rank':>4}  {'device':<8} {'peak':>12} {'exact bytes':>15} {'at':>9} {'step':>5} "
+             f"{'phase':<9}  largest at the peak"]
+    for r in ranks.rows:
+        cats = ", ".join(f"{k} {fmt_bytes(b)}" for k, b in r.top)
+        flag = "" if r.exact else " (lower bound)"
+        ended = "" if r.status in (None, "completed", "exit") else f"  [{r.status}]"
+        lines.append(f"  {r.rank:>4}  {r.device:<8} {fmt_bytes(r.peak):>12} {r.peak:>15,} {r.at_s:>8.3f}s "
+                     f"{r.step if r.step is not None else '-':>5} {r.phase or '-':<9}  {cats}{flag}{ended}")
+    share = ranks.spread / top.peak if top.peak else 0.0
+    lines.append(f"  highest: rank {top.rank} ({fmt_bytes(top.peak)}); spread {fmt_bytes(ranks.spread)} "
+                 f"({share:.1%}) over rank {lowest.rank}")
+    lines.append(f"  one rank in full: memprof report {name} --rank R")
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""Per-rank capture under torchrun (gloo, CPU): each rank writes its own file, only rank 0 prints
+the summary, and `memprof report RUN` puts the ranks side by side; a set that is not one whole run
+is refused in one line."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import memprof
+
+from ..conftest import invoke_memprof, one_line_error
+
+DDP = """\
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64)))
+opt = torch.optim.AdamW(model.parameters())
+for step in range(3):
+    model(torch.randn(32 * (rank + 1), 64)).square().mean().backward()  # rank 1 works on twice the batch
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+def _torchrun(cwd: Path, out: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           "-m", "memprof", "trace", "ddp.py", "-o", out], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_torchrun_writes_a_capture_per_rank_and_one_merged_report(tmp_path: Path) -> None:
+    (tmp_path / "ddp.py").write_text(DDP)
+    res = _torchrun(tmp_path, "run.memprof")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("run*")) == ["run.rank0.memprof", "run.rank1.memprof"]
+    assert res.stderr.count("events over") == 1 and res.stderr.count("capture saved to run.rank0.memprof") == 1
+    caps = [memprof.load(tmp_path / f"run.rank{r}.memprof") for r in (0, 1)]
+    for r, cap in enumerate(caps):
+        assert (cap.info.rank, cap.info.world_size, cap.info.backend) == (r, 2, "gloo")
+        run_ids = {c.meta["distributed"]["run_id"] for c in caps}
+        assert len(run_ids) == 1 and None not in run_ids
+        assert sum(row.bytes for row in cap.attribution(by="category")) == cap.peak("cpu")
+    assert caps[1].peak("cpu") > caps[0].peak("cpu")  # twice the batch
+    merged = invoke_memprof("report", "run.memprof", cwd=tmp_path)
+    assert merged.returncode == 0, merged.stderr
+    lines = merged.stdout.splitlines()
+    assert lines[0] == "memprof: run.memprof: 2 ranks (gloo)"
+    spread = caps[1].peak("cpu") - caps[0].peak("cpu")
+    assert f"{caps[0].peak('cpu'):,}" in lines[2] and f"{caps[1].peak('cpu'):,}" in lines[3]
+    assert lines[4].startswith("  highest: rank 1 (") and "over rank 0" in lines[4]
+    doc = json.loads(invoke_memprof("report", "run.memprof", "--json", cwd=tmp_path).stdout)
+    assert doc["highest_rank"] == 1 and doc["spread_bytes"] == spread and [r["rank"] for r in doc["ranks"]] == [0, 1]
+    one = invoke_memprof("report", "run.memprof", "--rank", "1", "--by", "category", cwd=tmp_path)
+    assert one.returncode == 0 and f"live ({caps[1].peak('cpu'):,} bytes) by category" in one.stdout
+    # bad input, one line each
+    assert "out of range: the run had ranks 0 to 1" in one_line_error(
+        invoke_memprof("report", "run.memprof", "--rank", "2", cwd=tmp_path))
+    assert "--by reports one rank" in one_line_error(invoke_memprof("report", "run.memprof", "--by", "node",
+                                                                    cwd=tmp_path))
+    assert "is one capture" in one_line_error(invoke_memprof("report", "run.rank0.memprof", "--rank", "0",
+                                                             cwd=tmp_path))
+    # another run's rank file in the set: refused; a world size that disagrees: refused; a missing rank: named
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(tmp_path / "ddp.py", other / "ddp.py")
+    assert _torchrun(other, "run.memprof").returncode == 0
+    shutil.copy(other / "run.rank1.memprof", tmp_path / "run.rank1.memprof")
+    assert "come from different runs" in one_line_error(invoke_memprof("report", "run.memprof", cwd=tmp_path))
+    caps[1].meta["distributed"]["world_size"] = 3
+    caps[1].save(tmp_path / "run.rank1.memprof")
+    assert "disagree on the world size" in one_line_error(invoke_memprof("report", "run.memprof", cwd=tmp_path))
+    (tmp_path / "run.rank1.memprof").unlink()
+    line = one_line_error(invoke_memprof("report", "run.memprof", cwd=tmp_path))
+    assert "the run had 2 ranks but the files of rank 1 are missing (expected run.rank1.memprof)" in line
