@@ -32,6 +32,9 @@ def check_script(script: str) -> Path:
         raise MemprofError(f"script {script} is not a Python file (expected a .py file)")
     if b"\0" in head:
         raise MemprofError(f"script {script} is not a Python file (it is binary)")
+    if path.name == "torchrun" or b"from torch.distributed.run import main" in head:
+        raise MemprofError(f"{script} is torchrun, the launcher: memprof traces the processes it starts, with "
+                           "torchrun [its options] -m memprof trace SCRIPT [ARGS] -o run.memprof (a file per rank)")
     return path
 
 

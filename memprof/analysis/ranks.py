@@ -21,6 +21,7 @@ class RankRow:
     phase: str  # "forward", "backward", "optimizer" or "" (outside them)
     top: list[tuple[str, int]]  # the largest categories live at the peak
     status: str | None  # how the rank's run ended
+    error: str | None  # why, when it ended by an error
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,13 @@ class RankSet:
         return max(self.rows, key=lambda r: (r.peak, -r.rank))
 
     @property
+    def lowest(self) -> RankRow:
+        return min(self.rows, key=lambda r: (r.peak, r.rank))
+
+    @property
     def spread(self) -> int:
         """The highest peak minus the lowest."""
-        return self.highest.peak - min(r.peak for r in self.rows)
+        return self.highest.peak - self.lowest.peak
 
 
 def phase_of(stack: list[str]) -> str:
@@ -58,7 +63,7 @@ def _row(rank: int, cap: Capture) -> RankRow:
     at = (int(tl.t_ns[pos]) - cap.info.t_start_ns) / 1e9 if pos >= 0 else 0.0
     return RankRow(rank=rank, device=dev, peak=tl.peak, exact=cap.exact, at_s=at, step=step,
                    phase=phase_of(cap.scope_stack_at_peak(dev)), top=[(r.key, r.bytes) for r in rows[:3]],
-                   status=cap.info.status)
+                   status=cap.info.status, error=error if isinstance(error := cap.meta.get("error"), str) else None)
 
 
 def rank_set(caps: Mapping[int, Capture], world_size: int) -> RankSet:

@@ -10,8 +10,7 @@ from memprof.analysis.units import fmt_bytes
 
 
 def render_ranks(name: str, ranks: RankSet, as_json: bool) -> str:
-    top = ranks.highest
-    lowest = min(ranks.rows, key=lambda r: (r.peak, r.rank))
+    top, lowest = ranks.highest, ranks.lowest
     if as_json:
         return json.dumps({"run": name, "world_size": ranks.world_size, "backend": ranks.backend,
                            "highest_rank": top.rank, "spread_bytes": ranks.spread,
@@ -26,7 +25,16 @@ def render_ranks(name: str, ranks: RankSet, as_json: bool) -> str:
         lines.append(f"  {r.rank:>4}  {r.device:<8} {fmt_bytes(r.peak):>12} {r.peak:>15,} {r.at_s:>8.3f}s "
                      f"{r.step if r.step is not None else '-':>5} {r.phase or '-':<9}  {cats}{flag}{ended}")
     share = ranks.spread / top.peak if top.peak else 0.0
-    lines.append(f"  highest: rank {top.rank} ({fmt_bytes(top.peak)}); spread {fmt_bytes(ranks.spread)} "
-                 f"({share:.1%}) over rank {lowest.rank}")
+    if ranks.spread:
+        lines.append(f"  highest: rank {top.rank} ({fmt_bytes(top.peak)}); spread {fmt_bytes(ranks.spread)} "
+                     f"({share:.1%}) over rank {lowest.rank}")
+    else:
+        lines.append(f"  every rank peaks at {fmt_bytes(top.peak)}")
+    for r in ranks.rows:
+        if r.status not in (None, "completed", "exit"):
+            why = f": {r.error[:160]}" if r.error else ""
+            if r.status == "cut short":
+                why = " (killed or crashed before it saved: recovered from its spill, its figures are lower bounds)"
+            lines.append(f"  rank {r.rank} ended: {r.status}{why}")
     lines.append(f"  one rank in full: memprof report {name} --rank R")
     return "\n".join(lines)

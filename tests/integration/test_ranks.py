@@ -69,6 +69,9 @@ def test_torchrun_writes_a_capture_per_rank_and_one_merged_report(tmp_path: Path
                                                                     cwd=tmp_path))
     assert "is one capture" in one_line_error(invoke_memprof("report", "run.rank0.memprof", "--rank", "0",
                                                              cwd=tmp_path))
+    torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
+    if torchrun is not None:  # memprof around the launcher instead of inside its ranks: the way round, in one line
+        assert "-m memprof trace SCRIPT" in one_line_error(invoke_memprof("trace", torchrun, "ddp.py", cwd=tmp_path))
     # another run's rank file in the set: refused; a world size that disagrees: refused; a missing rank: named
     other = tmp_path / "other"
     other.mkdir()
@@ -82,3 +85,56 @@ def test_torchrun_writes_a_capture_per_rank_and_one_merged_report(tmp_path: Path
     (tmp_path / "run.rank1.memprof").unlink()
     line = one_line_error(invoke_memprof("report", "run.memprof", cwd=tmp_path))
     assert "the run had 2 ranks but the files of rank 1 are missing (expected run.rank1.memprof)" in line
+
+
+def test_a_rank_killed_mid_run_leaves_every_rank_capture(tmp_path: Path) -> None:
+    """`kill -9` of one rank: torchrun stops the other, whose capture is saved and says why it ended;
+    the killed rank's is recovered from its spill; the merged report shows both."""
+    import os
+    import signal
+    import time
+
+    (tmp_path / "long.py").write_text(
+        "import torch, torch.distributed as dist\n"
+        "from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "dist.init_process_group('gloo')\n"
+        "model = DDP(torch.nn.Linear(64, 64))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "for step in range(10**7):\n"
+        "    model(torch.randn(16, 64)).sum().backward()\n"
+        "    opt.step()\n"
+        "    opt.zero_grad()\n")
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                             "-m", "memprof", "trace", "long.py", "-o", "run.memprof"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    spill = tmp_path / "run.rank1.memprof.spill"
+    deadline = time.monotonic() + 120
+    while (not spill.exists() or spill.stat().st_size < 1_000_000) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    rank1 = next(pid for pid in _children(proc.pid)
+                 if b"RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+    os.kill(rank1, signal.SIGKILL)
+    assert proc.wait(timeout=120) != 0
+    assert (tmp_path / "run.rank0.memprof").exists() and not (tmp_path / "run.rank1.memprof").exists()
+    report = invoke_memprof("report", "run.memprof", cwd=tmp_path)
+    assert report.returncode == 0, report.stderr
+    assert "rank 1 ended: cut short (killed or crashed before it saved" in report.stdout
+    assert "rank 0 ended:" in report.stdout  # stopped by torchrun (or its peer's loss): said, and saved
+    rank0 = memprof.load(tmp_path / "run.rank0.memprof")
+    assert rank0.info.status not in (None, "completed") and rank0.info.rank == 0
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (torchrun's workers)."""
+    import os
+
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(entry))
+    return out
