@@ -160,6 +160,46 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
     }
 
 
+def chrome_trace_ranks(caps: dict[int, Capture], max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS
+                       ) -> dict[str, Any]:
+    """One trace of a distributed run: each rank's processes (host threads, one per device) renamed
+    "rank R: ..." and numbered apart, in one timeline. Ranks of one host share its monotonic clock
+    and are aligned by it; ranks of several hosts are aligned at their captures' starts (said in
+    `otherData`)."""
+    starts = {r: c.info.t_start_ns for r, c in caps.items()}
+    one_host = len({c.meta.get("hostname") for c in caps.values()}) == 1
+    t0 = min(starts.values())
+    per = 1 + max(len(c.devices) for c in caps.values())  # pids a rank takes
+    meta_events: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    for r, cap in sorted(caps.items()):
+        trace = chrome_trace(cap, max_counter_points)
+        shift = (starts[r] - t0) / 1000.0 if one_host else 0.0
+        for ev in trace["traceEvents"]:
+            ev = {**ev, "pid": r * per + int(ev["pid"])}
+            if ev["ph"] == "M":
+                if ev["name"] == "process_name":
+                    ev["args"] = {"name": f"rank {r}: {ev['args']['name']}"}
+                elif ev["name"] == "process_sort_index":
+                    ev["args"] = {"sort_index": ev["pid"]}
+                meta_events.append(ev)
+            else:
+                ev["ts"] = round(float(ev["ts"]) + shift, 3)
+                events.append(ev)
+    events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+    first = caps[min(caps)]
+    return {
+        "traceEvents": meta_events + events,
+        "displayTimeUnit": "ms",
+        "otherData": {"generator": f"memprof {first.meta.get('memprof_version', '')}",
+                      "command": first.meta.get("command"), "ranks": sorted(caps),
+                      "aligned": "by the host's monotonic clock" if one_host else
+                                 "at each rank's capture start (the ranks ran on several hosts)",
+                      "exact": all(c.exact for c in caps.values()),
+                      "caveats": {str(r): c.caveats for r, c in sorted(caps.items()) if c.caveats}},
+    }
+
+
 def _kernel_nodes(cap: Capture, slices: list[Slice]) -> dict[int, tuple[str, str]]:
     """Slice index -> (graph, FX nodes) for kernel and extern-op slices directly inside a graph call."""
     if not cap.graphs:

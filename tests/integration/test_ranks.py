@@ -62,6 +62,17 @@ def test_torchrun_writes_a_capture_per_rank_and_one_merged_report(tmp_path: Path
     assert doc["highest_rank"] == 1 and doc["spread_bytes"] == spread and [r["rank"] for r in doc["ranks"]] == [0, 1]
     one = invoke_memprof("report", "run.memprof", "--rank", "1", "--by", "category", cwd=tmp_path)
     assert one.returncode == 0 and f"live ({caps[1].peak('cpu'):,} bytes) by category" in one.stdout
+    # one Chrome trace: a process per rank and device, in one timeline, valid
+    from memprof.reporters.chrome import validate_chrome_trace
+
+    exported = invoke_memprof("export", "run.memprof", cwd=tmp_path)
+    assert exported.returncode == 0, exported.stderr
+    trace = json.loads((tmp_path / "run.json").read_text())
+    assert validate_chrome_trace(trace) == []
+    names = [e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"]
+    assert names == ["rank 0: host threads (ops, kernels)", "rank 0: cpu memory",
+                     "rank 1: host threads (ops, kernels)", "rank 1: cpu memory"]
+    assert trace["otherData"]["aligned"] == "by the host's monotonic clock"
     # bad input, one line each
     assert "out of range: the run had ranks 0 to 1" in one_line_error(
         invoke_memprof("report", "run.memprof", "--rank", "2", cwd=tmp_path))
