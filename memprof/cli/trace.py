@@ -58,7 +58,7 @@ def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | Non
         also = f"; every rank's: memprof report {shown(run, launch)}" if cap.info.rank is not None else ""
         click.echo(f"memprof: capture saved to {shown(out, launch)} (memprof report {shown(out, launch)}{also})",
                    err=True)
-    else:
+    elif save_error is not None:
         click.echo(f"memprof: error: {save_error}", err=True)
     sys.stdout.flush()
 
