@@ -9,9 +9,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memprof.errors import MemprofError
+
+if TYPE_CHECKING:
+    from memprof.capture import Capture
 
 _RANK_FILE = re.compile(r"^(?P<stem>.+)\.rank(?P<rank>\d+)\.memprof(?P<spill>\.spill)?$")
 
@@ -94,3 +97,17 @@ def check_set(path: Path, metas: Mapping[int, Mapping[str, Any]]) -> int:
         raise MemprofError(f"{path}: the run had {world} ranks but the files of rank{'s' if len(missing) > 1 else ''} "
                            f"{', '.join(map(str, missing))} are missing (expected {rank_path(path, missing[0])})")
     return world
+
+
+def load_run(path: Path) -> tuple[dict[int, Capture], int] | None:
+    """The captures of the distributed run named `path` (checked: `check_set`) and its world size;
+    None when `path` is one capture (a file, or the spill a killed run left) or names no run."""
+    from memprof.capture import load
+
+    if path.exists() or Path(f"{path}.spill").exists():
+        return None
+    files = rank_files(path)
+    if not files:
+        return None
+    caps = {r: load(f) for r, f in files.items()}
+    return caps, check_set(path, {r: c.meta for r, c in caps.items()})

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -28,21 +27,22 @@ def export(capture_file: str, fmt: str, output: str | None, force: bool, max_cou
     from memprof.capture import load
     from memprof.errors import MemprofError
     from memprof.outputs import check_outputs, resolve, write_text
+    from memprof.ranks import load_run
     from memprof.reporters import get
 
     reporter = get(fmt, "export")
     out = resolve(output) if output else resolve(Path(capture_file).with_suffix(reporter.suffix))
     check_outputs({"-o": out}, [("input capture", resolve(capture_file))], force)
     options = {"max_counter_points": max_counter_points} if max_counter_points else {}
-    ranks = _ranks(Path(capture_file))
-    if ranks is not None:  # a distributed run's rank files: one trace, a process per rank and device
+    run = load_run(Path(capture_file))
+    if run is not None:  # a distributed run's rank files: one trace, a process per rank and device
         import json
 
         from memprof.reporters.chrome import chrome_trace_ranks
 
         if fmt != "chrome":
             raise MemprofError(f"--format {fmt} exports one capture: name one rank's file (run.rank0.memprof)")
-        text = json.dumps(chrome_trace_ranks(ranks, **options), separators=(",", ":"))
+        text = json.dumps(chrome_trace_ranks(run[0], **options), separators=(",", ":"))
     else:
         text = reporter.render(load(capture_file), **options)
     try:
@@ -51,17 +51,3 @@ def export(capture_file: str, fmt: str, output: str | None, force: bool, max_cou
         raise MemprofError(f"{out} could not be written: {exc.strerror or exc}") from None
     click.echo(f"memprof: wrote {output or out}", err=True)
 
-
-def _ranks(path: Path) -> dict[int, Any] | None:
-    """The loaded, checked rank files of the distributed run named `path`; None when `path` is one capture."""
-    from memprof.capture import load
-    from memprof.ranks import check_set, rank_files
-
-    if path.exists() or Path(f"{path}.spill").exists():
-        return None
-    files = rank_files(path)
-    if not files:
-        return None
-    caps = {r: load(f) for r, f in files.items()}
-    check_set(path, {r: c.meta for r, c in caps.items()})
-    return caps

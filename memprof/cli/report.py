@@ -29,21 +29,27 @@ def report(capture_file: str, by: str | None, at: str, device: str | None, as_js
     """
     from memprof.capture import load
     from memprof.errors import MemprofError
+    from memprof.ranks import load_run
     from memprof.reporters import render
 
-    path = Path(capture_file)
-    if not path.exists() and not Path(f"{capture_file}.spill").exists():
-        from memprof.ranks import rank_files
+    run = load_run(Path(capture_file))
+    if run is None:
+        if rank is not None:
+            raise MemprofError(f"--rank needs a distributed run's name; {capture_file} is one capture")
+        cap = load(capture_file)
+    else:
+        caps, world = run
+        if rank is None:
+            if by is not None:
+                raise MemprofError(f"--by reports one rank: add --rank R (0 to {world - 1})")
+            from memprof.analysis.ranks import rank_set
+            from memprof.reporters.ranks import render_ranks
 
-        files = rank_files(path)
-        if files:
-            _report_ranks(capture_file, files, rank, by, as_json)
-            if rank is None:
-                return
-            capture_file = str(files[rank])
-    elif rank is not None:
-        raise MemprofError(f"--rank needs a distributed run's name; {capture_file} is one capture")
-    cap = load(capture_file)
+            click.echo(render_ranks(capture_file, rank_set(caps, world), as_json))
+            return
+        if rank not in caps:
+            raise MemprofError(f"--rank {rank} is out of range: the run had ranks 0 to {world - 1}")
+        cap = caps[rank]
     if device is not None and device not in cap.devices:
         raise MemprofError(f"no allocations on {device} in this capture (devices: {', '.join(cap.devices)})")
     if by is None:
@@ -56,21 +62,3 @@ def report(capture_file: str, by: str | None, at: str, device: str | None, as_js
     else:
         click.echo(render("table", cap, by=by, at=at, device=device, top=top or 20))
 
-
-def _report_ranks(name: str, files: dict[int, Path], rank: int | None, by: str | None, as_json: bool) -> None:
-    """The merged report of a run's rank files (or, with --rank, only their checks)."""
-    from memprof.analysis.ranks import rank_set
-    from memprof.capture import load
-    from memprof.errors import MemprofError
-    from memprof.ranks import check_set
-    from memprof.reporters.ranks import render_ranks
-
-    caps = {r: load(f) for r, f in files.items()}
-    world = check_set(Path(name), {r: c.meta for r, c in caps.items()})
-    if rank is not None:
-        if rank not in caps:
-            raise MemprofError(f"--rank {rank} is out of range: the run had ranks 0 to {world - 1}")
-        return
-    if by is not None:
-        raise MemprofError(f"--by reports one rank: add --rank R (0 to {world - 1})")
-    click.echo(render_ranks(name, rank_set(caps, world), as_json))
