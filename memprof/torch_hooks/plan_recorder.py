@@ -276,7 +276,9 @@ class PlanRecorder:
 
             if is_fake(tensor):
                 return
-            storage = tensor.untyped_storage()
+            # a DTensor (FSDP2's sharded parameters and their optimizer state): its local shard holds the memory
+            local = getattr(tensor, "_local_tensor", None)
+            storage = (local if local is not None else tensor).untyped_storage()
             ptr, nbytes = int(storage.data_ptr()), int(storage.nbytes())
         except Exception:
             return

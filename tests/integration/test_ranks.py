@@ -158,3 +158,37 @@ def _children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 out.append(int(entry))
     return out
+
+
+FSDP2 = """\
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)])
+for layer in model:
+    fully_shard(layer)
+fully_shard(model)
+opt = torch.optim.AdamW(model.parameters())
+for step in range(3):
+    model(torch.randn(16, 128)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+dist.destroy_process_group()
+"""
+
+
+def test_fsdp2_ranks_hold_and_name_their_shards(tmp_path: Path) -> None:
+    """FSDP2 (`fully_shard`) on 2 ranks: each rank's parameters at its peak are its shard, half of
+    the model's 264,192 B, named as parameters (a DTensor's local shard), and every rank sums exactly."""
+    (tmp_path / "fsdp.py").write_text(FSDP2)
+    res = _torchrun(tmp_path, "run.memprof", "fsdp.py")
+    assert res.returncode == 0, res.stderr[-3000:]
+    for r in (0, 1):
+        cap = memprof.load(tmp_path / f"run.rank{r}.memprof")
+        rows = {row.key: row.bytes for row in cap.attribution(by="category")}
+        assert sum(rows.values()) == cap.peak("cpu")
+        assert rows["parameter"] == (4 * 128 * 128 + 4 * 128) * 4 // 2
+        assert rows["optimizer_state"] >= 2 * rows["parameter"]  # exp_avg and exp_avg_sq of the shard
