@@ -48,8 +48,9 @@ def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | Non
     if chrome_path is not None:
         try:
             write_text(chrome_path, render("chrome", cap))
-            click.echo(f"memprof: Chrome/Perfetto trace written to {shown(chrome_path, launch)} "
-                       "(open in ui.perfetto.dev)", err=True)
+            if not quiet:
+                click.echo(f"memprof: Chrome/Perfetto trace written to {shown(chrome_path, launch)} "
+                           "(open in ui.perfetto.dev)", err=True)
         except OSError as exc:
             click.echo(f"memprof: error: the Chrome trace could not be written to {chrome_path}: "
                        f"{exc.strerror or exc}", err=True)
