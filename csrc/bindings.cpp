@@ -144,7 +144,6 @@ PYBIND11_MODULE(_C, m) {
       },
       "With keep_last: (the ring's first stored event, the events carried into it as raw bytes).");
   m.def("window_state", &memprof::window_state);
-  m.def("last_step_seen", &memprof::last_step_seen);
   m.def("store_bytes", &memprof::store_bytes, "Memory the event store holds now (bytes).");
   m.def("strings_from", [](size_t first) { return to_python(memprof::strings_from(first)); },
         py::arg("first"));

@@ -507,7 +507,6 @@ std::pair<size_t, std::vector<Event>> ring_head() {
   return g_last ? g_last->store.ring_head() : std::pair<size_t, std::vector<Event>>{0, {}};
 }
 std::string window_state() { return g_last ? g_last->store.window_state() : std::string("all"); }
-int64_t last_step_seen() { return g_last ? g_last->store.last_step_seen() : 0; }
 size_t store_bytes() { return g_last ? g_last->store.bytes_reserved() : 0; }
 std::vector<std::string> strings_from(size_t first) {
   return g_last ? g_last->strings.snapshot_from(first) : std::vector<std::string>{};

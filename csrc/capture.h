@@ -50,9 +50,8 @@ void release_events_before(size_t n);
 size_t released_events();
 // With keep_last: the ring's first stored event and the events carried into it (blocks live there).
 std::pair<size_t, std::vector<Event>> ring_head();
-// The step window's state ("all" without one, "pending", "open", "closed") and the last step seen.
+// The step window's state ("all" without one, "pending", "open", "closed").
 std::string window_state();
-int64_t last_step_seen();
 size_t store_bytes();
 std::vector<std::string> strings();
 uint64_t dropped_events();

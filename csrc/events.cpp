@@ -122,7 +122,6 @@ void EventStore::push(const Event& e) {
 void EventStore::mark_step(const Event& e) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t step = e.bytes;
-  last_step_ = std::max(last_step_, step);
   if (window_ == Window::kPending && step >= options_.first_step - 1) {
     for (const Event& c : live_.carried()) push(c);
     live_.clear();
@@ -144,14 +143,18 @@ void EventStore::mark_step(const Event& e) {
 }
 
 void EventStore::move_ring() {
-  const size_t complete = ring_markers_.size() - (ring_start_ > 0 || ring_moved_ ? 1 : 0);
+  const size_t complete = ring_markers_.size() - (ring_moved_ ? 1 : 0);  // (the first is the ring's start)
   if (complete <= options_.keep_last) return;
   const size_t start = ring_markers_[ring_markers_.size() - 1 - options_.keep_last];
   for (size_t i = ring_start_; i < start; ++i) ring_base_.apply(chunks_[i / kChunkEvents][i % kChunkEvents]);
   while (ring_markers_.front() != start) ring_markers_.pop_front();
   ring_start_ = start;
   ring_moved_ = true;
-  const size_t upto = start / kChunkEvents;  // chunks wholly before the ring
+  free_chunks_before(start);
+}
+
+void EventStore::free_chunks_before(size_t n) {
+  const size_t upto = std::min(n, size_) / kChunkEvents;  // whole chunks only
   for (size_t c = released_ / kChunkEvents; c < upto; ++c) chunks_[c].reset();
   released_ = std::max(released_, upto * kChunkEvents);
 }
@@ -174,11 +177,6 @@ std::string EventStore::window_state() const {
     default:
       return "all";
   }
-}
-
-int64_t EventStore::last_step_seen() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return last_step_;
 }
 
 size_t EventStore::size() const {
@@ -204,9 +202,7 @@ size_t EventStore::bytes_reserved() const {
 void EventStore::release_before(size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   if (options_.keep_last > 0) return;  // the ring frees its own chunks as it moves
-  const size_t upto = std::min(n, size_) / kChunkEvents;  // whole chunks only
-  for (size_t c = released_ / kChunkEvents; c < upto; ++c) chunks_[c].reset();
-  released_ = std::max(released_, upto * kChunkEvents);
+  free_chunks_before(n);
 }
 
 size_t EventStore::released() const {

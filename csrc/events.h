@@ -88,7 +88,6 @@ class LiveSet {
   // Events that recreate this state, flagged kFlagCarried: frees of blocks from before the
   // capture, live blocks' allocations (in the order they happened), reserved bytes per device.
   std::vector<Event> carried() const;
-  size_t live_blocks() const { return live_.size(); }
   void clear();
 
  private:
@@ -133,7 +132,6 @@ class EventStore {
   std::pair<size_t, std::vector<Event>> ring_head() const;
   // "pending" (the window has not opened), "open", "closed" or "all" (no window).
   std::string window_state() const;
-  int64_t last_step_seen() const;
   size_t size() const;
   uint64_t dropped() const;
   // Time of the first event that did not fit (-1 if none): everything after it is incomplete.
@@ -155,6 +153,7 @@ class EventStore {
  private:
   void push(const Event& e);  // with mu_ held
   void move_ring();           // with mu_ held
+  void free_chunks_before(size_t n);  // with mu_ held: the chunks whose events all lie before n
   mutable std::mutex mu_;
   StoreOptions options_;
   bool recording_ = true;
@@ -164,7 +163,6 @@ class EventStore {
   std::deque<size_t> ring_markers_;  // stored step markers from the ring's start on
   size_t ring_start_ = 0;
   bool ring_moved_ = false;
-  int64_t last_step_ = 0;
   std::vector<std::unique_ptr<Event[]>> chunks_;
   size_t size_ = 0;
   size_t released_ = 0;  // events in freed chunks (a multiple of kChunkEvents)
