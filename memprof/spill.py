@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, Kind
+from memprof._events import EVENT_DTYPE, Kind, concat_events
 from memprof._native import thread_table
 from memprof.errors import CaptureFileError, one_line
 from memprof.fileformat import Parts, checked, loads_json
@@ -201,9 +201,7 @@ class SpillWriter:
         head = _events(_records(self.path.read_bytes(), self.path))[: self.events]
         count = int(C.event_count()) - len(head)
         tail = np.asarray(C.events_range(len(head), count)).view(EVENT_DTYPE) if count > 0 else head[:0]
-        out = np.empty(len(head) + len(tail), dtype=EVENT_DTYPE)  # (concatenate would drop the padding)
-        out[: len(head)], out[len(head):] = head, tail
-        return out
+        return concat_events(head, tail)
 
     def close(self) -> None:
         """Stop the thread, write what is left, close the file (it stays until the capture is saved)."""
