@@ -53,6 +53,12 @@ def rank_path(path: Path, rank: int) -> Path:
     return path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
 
 
+def run_path(path: Path) -> Path:
+    """The inverse of `rank_path`: `run.rank3.memprof` -> `run.memprof` (other names are returned as they are)."""
+    m = _RANK_FILE.match(path.name)
+    return path.with_name(f"{m['stem']}.memprof") if m is not None and not m["spill"] else path
+
+
 def rank_files(path: Path) -> dict[int, Path]:
     """The rank files of the run named `path` (`run.memprof`, or `run`): rank -> file; a rank whose
     capture was never written but whose spill was left (the rank was killed) counts by its spill."""
@@ -103,8 +109,9 @@ def load_run(path: Path) -> tuple[dict[int, Capture], int] | None:
     """The captures of the distributed run named `path` (checked: `check_set`) and its world size;
     None when `path` is one capture (a file, or the spill a killed run left) or names no run."""
     from memprof.capture import load
+    from memprof.spill import spill_path
 
-    if path.exists() or Path(f"{path}.spill").exists():
+    if path.exists() or spill_path(path).exists():
         return None
     files = rank_files(path)
     if not files:

@@ -55,8 +55,9 @@ def _report(cap: Any, out: Path, chrome_path: Path | None, save_error: str | Non
             click.echo(f"memprof: error: the Chrome trace could not be written to {chrome_path}: "
                        f"{exc.strerror or exc}", err=True)
     if save_error is None and not quiet:
-        run = out.with_name(out.name.replace(f".rank{cap.info.rank}.", ".")) if cap.info.rank is not None else out
-        also = f"; every rank's: memprof report {shown(run, launch)}" if cap.info.rank is not None else ""
+        from memprof.ranks import run_path
+
+        also = f"; every rank's: memprof report {shown(run_path(out), launch)}" if cap.info.rank is not None else ""
         click.echo(f"memprof: capture saved to {shown(out, launch)} (memprof report {shown(out, launch)}{also})",
                    err=True)
     elif save_error is not None:
