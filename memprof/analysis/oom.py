@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 # above this share of the device
 FRAGMENTATION_SHARE = 0.05
 OUTSIDE_SHARE = 0.05  # memory outside PyTorch worth naming, as a share of the device
+# the budgets the next step's sweep predicts: 0 to 1, since a lower budget can peak higher than a
+# higher one (the partitioner's knapsack), finer where budgets usually matter
+ACTIVATIONS = ("saved_activation", "recomputed", "rng_mask")  # the categories another budget trades
+SWEEP_BUDGETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.5, 1.0)
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,11 @@ class OomReport:
     notes: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     next_steps: list[str] = field(default_factory=list)
+    # the most a step may allocate above its start and fit: the free bytes plus what this step had
+    # allocated (the device less what was outside PyTorch, what the step began with and the
+    # fragmentation at the OOM); None without the driver's free figure
+    fit_bytes: int | None = None
+    sweep_command: list[str] | None = None  # the `memprof sweep --predict` that the next step names
 
 
 def _by_age(cap: Capture, device: str, pos: int, step_start: int, allocated: int) -> list[tuple[str, int]]:
@@ -80,17 +89,35 @@ def _next_steps(r: OomReport, cap: Capture) -> list[str]:
     if r.outside_bytes is not None and r.total_bytes and r.outside_bytes > OUTSIDE_SHARE * r.total_bytes:
         out.append(f"{fmt_bytes(r.outside_bytes)} of the device were outside PyTorch's allocator (CUDA context, "
                    "library workspaces, NCCL, other processes)")
-    activations = sum(x.bytes for x in r.by_category if x.key in ("saved_activation", "recomputed", "rng_mask"))
-    argv = cap.meta.get("argv")
-    if cap.plans and activations and isinstance(argv, list) and argv:
-        budget = cap.meta.get("budget")
-        hi = float(budget) if isinstance(budget, (int, float)) and 0 < float(budget) <= 1 else 1.0
-        command = shlex.join(["memprof", "sweep", *map(str, argv), "--budgets", f"0.0:{hi:g}:{max(hi / 10, 0.01):g}",
-                              "--predict", "--remat", "light"])
-        out.append(f"{fmt_bytes(activations)} at the OOM were activations kept for the backward: a lower "
-                   f"activation_memory_budget or memprof's remat pass trades them for recomputation; "
-                   f"`{command}` predicts each budget's step peak (and the pass's) without running a step")
+    command = r.sweep_command
+    if command is not None:
+        saved = sum(x.bytes for x in r.by_category if x.key in ("saved_activation", "rng_mask"))
+        recomputed = sum(x.bytes for x in r.by_category if x.key == "recomputed")
+        fits = "" if r.fit_bytes is None else (
+            f"; a budget whose predicted step peak is under {fmt_bytes(r.fit_bytes)} (the free memory and what "
+            "this step had allocated) fits")
+        out.append(f"{fmt_bytes(saved + recomputed)} at the OOM were activations ({fmt_bytes(saved)} saved for the "
+                   f"backward, {fmt_bytes(recomputed)} recomputed in it): another activation_memory_budget "
+                   "saves and recomputes others (a lower one can also peak higher); "
+                   f"`{shlex.join(command)}` predicts each budget's step peak without running a step{fits}; "
+                   "`--remat light` added to it predicts memprof's remat pass too")
     return out
+
+
+def _sweep_command(r: OomReport, cap: Capture) -> list[str] | None:
+    """`memprof sweep SCRIPT ARGS --budgets ... --predict --jobs J`, where activations were live at
+    the OOM and the capture recorded plans: one process per budget, the budgets compiled in
+    parallel, their forwards taking the device in turns (`memprof.sweep.predict.DeviceTurn`)."""
+    argv = cap.meta.get("argv")
+    activations = sum(x.bytes for x in r.by_category if x.key in ACTIVATIONS)
+    if not (cap.plans and activations and isinstance(argv, list) and argv):
+        return None
+    budgets = set(SWEEP_BUDGETS)
+    budget = cap.meta.get("budget")
+    if isinstance(budget, (int, float)) and 0 <= float(budget) <= 1:
+        budgets.add(float(budget))  # the budget that ran out, for comparison
+    return ["memprof", "sweep", *map(str, argv), "--budgets", ",".join(f"{b:g}" for b in sorted(budgets)),
+            "--predict", "--jobs", str(len(budgets))]
 
 
 def oom_reports(cap: Capture, top: int = 8) -> list[OomReport]:
@@ -127,6 +154,9 @@ def oom_reports(cap: Capture, top: int = 8) -> list[OomReport]:
                     "allocator_backend": cap.meta.get("allocator_backend"),
                     "PYTORCH_CUDA_ALLOC_CONF": info.alloc_conf, "torch": cap.meta.get("torch_version"),
                     "cuda": cap.meta.get("cuda_version"), "memprof": cap.meta.get("memprof_version")})
+        if free is not None and report.by_age:
+            report = dataclasses.replace(report, fit_bytes=free + report.by_age[0][1])
+        report = dataclasses.replace(report, sweep_command=_sweep_command(report, cap))
         out.append(dataclasses.replace(report, next_steps=_next_steps(report, cap)))
     return out
 

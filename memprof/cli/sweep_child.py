@@ -38,10 +38,12 @@ def _measured(cap: object, budget: float, remat: str) -> str:
 @click.option("--remat", type=click.Choice(["off", "light", "all"]), default="off")
 @click.option("--predict", is_flag=True, help="Compile and predict each budget; run no training step.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="(measured) the capture file.")
+@click.option("--device-lock", type=click.Path(dir_okay=False), default=None,
+              help="(predicted) run compiled graphs only while holding this lock (the device taken in turns).")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def sweep_child(budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: str, predict: bool,
-                output: str | None, script: str, script_args: tuple[str, ...]) -> int:
+                output: str | None, device_lock: str | None, script: str, script_args: tuple[str, ...]) -> int:
     """(memprof sweep) One budget measured, or a group of budgets predicted."""
     from memprof.outputs import resolve
     from memprof.runner import check_script
@@ -55,7 +57,8 @@ def sweep_child(budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: 
     if predict:
         from memprof.sweep.predict import predict as run_predict
 
-        results = run_predict(path, args, list(budgets), None if remat == "off" else remat)
+        results = run_predict(path, args, list(budgets), None if remat == "off" else remat,
+                              resolve(device_lock) if device_lock else None)
         for p, r in zip(json_paths, results, strict=True):
             write_text(resolve(p), json.dumps(r.to_json()))
             if r.status != "completed" or r.measured is None:

@@ -53,6 +53,27 @@ class _Stop(BaseException):
     """Raised at the first backward call: everything it needs has been compiled."""
 
 
+class DeviceTurn:
+    """The device taken in turns by the processes of one sweep: each process's compiles run in
+    parallel, but from its first run of a compiled graph to its exit it holds an exclusive lock on
+    `path`, so only one process at a time holds the device's memory (a sweep of a model that fills
+    the device, after an OOM, would otherwise run out of memory in its predictions). Held to the
+    exit, not to the script's end: the caching allocator keeps what the forward reserved, and the
+    estimates' kernel probes run after the script. The lock goes with the process, however it ends."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._file: Any = None
+
+    def __call__(self) -> None:
+        if self.path is None or self._file is not None:
+            return
+        import fcntl
+
+        self._file = open(self.path, "a")  # noqa: SIM115 (open until the process exits)
+        fcntl.flock(self._file, fcntl.LOCK_EX)
+
+
 @dataclass
 class _Book:
     """Which budget's compile recorded each plan, graph and kernel, and the seconds each one's took."""
@@ -86,8 +107,10 @@ class _Book:
         return len(mine), sum(k.is_compiled for k in mine)
 
 
-def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str | None) -> list[ChildResult]:
-    """One result per budget, in the order given; the first budget is the one the script runs with."""
+def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str | None,
+            device_lock: Path | None = None) -> list[ChildResult]:
+    """One result per budget, in the order given; the first budget is the one the script runs with.
+    With `device_lock`, the script's compiled graphs run only while this process holds it (`DeviceTurn`)."""
     import torch._functorch.config as functorch_config
 
     from memprof.runner import run_script
@@ -116,7 +139,7 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
         if sharing:  # (with no stage to share, one budget alone still runs, its compile timed as a whole)
             share_joint_graph(patches, book, first, others)
         lazy_kernels(patches, book.kernels)
-        eager_runs(patches, book.eager, notes.append)
+        eager_runs(patches, book.eager, notes.append, DeviceTurn(device_lock))
         stop_at_backward(patches, _Stop)
         result = run_script(script, args, stop=_Stop)
     total = time.perf_counter() - t0

@@ -35,7 +35,7 @@ Progress = Callable[[Run], None]
 # only the files a sweep writes (SWEEP_FILES), never anything the user put there.
 MANIFEST = ".memprof-sweep.json"
 SWEEP_FILES = ("*.memprof", "*.memprof.spill", "sweep.json", "sweep.png", "sweep.svg", "logs/*.log",
-               "logs/*.json")
+               "logs/*.json", "logs/*.lock")
 
 
 def prepare_dir(out: Path, force: bool, script: Path | None = None) -> None:
@@ -104,7 +104,8 @@ class _Pool:
 
 
 def _run_group(pool: _Pool, out: Path, script: str, args: Sequence[str], variant: str, budgets: Sequence[float],
-               gpu: str | None, timeout: float | None, extra_env: dict[str, str], predict: bool = False) -> list[Run]:
+               gpu: str | None, timeout: float | None, extra_env: dict[str, str], predict: bool = False,
+               device_lock: Path | None = None) -> list[Run]:
     """One process (`memprof _sweep-child`): one budget measured, or (`predict`) one or more budgets of
     a variant predicted; a Run per budget."""
     labels = [f"{variant}_{budget_label(b)}" for b in budgets]
@@ -115,6 +116,8 @@ def _run_group(pool: _Pool, out: Path, script: str, args: Sequence[str], variant
         cmd += ["--budget", repr(b), "--json", str(path)]
     if predict:
         cmd.append("--predict")
+        if device_lock is not None:
+            cmd += ["--device-lock", str(device_lock)]
     else:
         if len(budgets) != 1:
             raise ValueError("a measured budget runs alone")
@@ -225,6 +228,32 @@ def group_tasks(budgets: Sequence[float], variants: Sequence[str], jobs: int, sh
     return groups
 
 
+def out_of_device_memory(run: Run) -> bool:
+    """A run that failed for want of device memory (an OOM, or a library's allocation failing)."""
+    return run.status == "oom" or "CUBLAS_STATUS_ALLOC_FAILED" in (run.error or "")
+
+
+def _again_alone(sweep: Sweep, out: Path, rerun: Callable[[str, list[float]], list[Run]]) -> None:
+    """Predictions that ran out of device memory while the sweep's processes shared the device
+    (their forwards take turns, but Inductor's compile also allocates there, e.g. to benchmark a
+    padded matmul) are predicted again, one process at a time, with the device to themselves: one
+    that runs out of memory then does not fit on its own."""
+    failed = [r for r in sweep.runs if out_of_device_memory(r)]
+    if not failed:
+        return
+    again: list[Run] = []
+    for r in failed:
+        log = out / r.log
+        if log.is_file():  # the shared attempt's log is kept beside the new one
+            log.replace(log.with_suffix(".shared.log"))
+        again += rerun(r.variant, [r.budget])
+    sweep.runs = [r for r in sweep.runs if r not in failed] + again
+    fit = [r for r in again if r.ok]
+    sweep.notes.append(f"{len(failed)} budget(s) ran out of device memory while the sweep's processes shared it "
+                       f"and were predicted again alone: {len(fit)} then completed"
+                       + ("" if len(fit) == len(again) else "; the others do not fit on the device by themselves"))
+
+
 def _last_line(path: Path) -> str | None:
     try:
         lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
@@ -260,12 +289,15 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
                            "of a process share the script's start, Dynamo's trace and the joint graph")
     pool = _Pool()
     lock = threading.Lock()
+    # predicting processes take the device in turns for their forwards (sweep.predict.DeviceTurn)
+    turns = predict and bool(gpus) and min(jobs, len(groups)) > 1
 
     def task(i: int) -> list[Run]:
         v, bs = groups[i]
         gpu = gpus[i % len(gpus)] if len(gpus) > 1 else None
+        device_lock = out / "logs" / f"device{gpu if gpu is not None else ''}.lock" if turns else None
         try:
-            runs = _run_group(pool, out, script, args, v, bs, gpu, timeout, env, predict)
+            runs = _run_group(pool, out, script, args, v, bs, gpu, timeout, env, predict, device_lock)
         except OSError as exc:
             runs = [Run(v, b, "crashed", None, f"could not start: {exc}", None, "", 0.0) for b in bs]
         with lock:
@@ -294,6 +326,9 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         sweep.save(out)
         raise
     executor.shutdown(wait=True)
+    if turns:
+        alone = None if len(gpus) < 2 else gpus[0]
+        _again_alone(sweep, out, lambda v, bs: _run_group(pool, out, script, args, v, bs, alone, timeout, env, predict))
     sweep.runs.sort(key=lambda r: (r.variant, r.budget))
     unprobed: dict[str, dict[str, None]] = {}  # why -> ops
     for r in sweep.runs:

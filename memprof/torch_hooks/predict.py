@@ -89,13 +89,17 @@ class EagerRun:
     """Runs a compiled graph as its FX graph, op by op (Inductor's boxed calling convention: one
     list of inputs, cleared once they are consumed); falls back to the compiled code if that fails."""
 
-    def __init__(self, graph: Any, compiled: Callable[[list[Any]], Any], note: Callable[[str], None]) -> None:
+    def __init__(self, graph: Any, compiled: Callable[[list[Any]], Any], note: Callable[[str], None],
+                 before_run: Callable[[], None] | None = None) -> None:
         self.graph: Any = graph
         self.compiled = compiled
         self.note = note
+        self.before_run = before_run
         self.eager_calls = 0
 
     def __call__(self, inputs: list[Any]) -> Any:
+        if self.before_run is not None:
+            self.before_run()
         if self.graph is not None:
             try:
                 out = self.graph(*inputs)
@@ -109,10 +113,12 @@ class EagerRun:
         return self.compiled(inputs)
 
 
-def eager_runs(patches: Patches, made: list[EagerRun], note: Callable[[str], None]) -> None:
+def eager_runs(patches: Patches, made: list[EagerRun], note: Callable[[str], None],
+               before_run: Callable[[], None] | None = None) -> None:
     """Each graph Inductor compiles (`_compile_fx_inner`, every pass and the code generation
     as usual) is run op by op by an `EagerRun` of its graph as given (copied before Inductor's passes
-    change it in place), appended to `made`. A graph that cannot be copied runs its compiled code."""
+    change it in place), appended to `made`. A graph that cannot be copied runs its compiled code.
+    `before_run` is called before each run of a compiled graph."""
     import torch._inductor.compile_fx as compile_fx
 
     inner = compile_fx._compile_fx_inner
@@ -125,7 +131,7 @@ def eager_runs(patches: Patches, made: list[EagerRun], note: Callable[[str], Non
             eager = None
         compiled: Any = inner(gm, example_inputs, *args, **kwargs)
         if eager is not None and callable(getattr(compiled, "current_callable", None)):
-            made.append(EagerRun(eager, compiled.current_callable, note))
+            made.append(EagerRun(eager, compiled.current_callable, note, before_run))
             compiled.current_callable = made[-1]
         return compiled
 

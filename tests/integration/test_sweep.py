@@ -107,6 +107,36 @@ def test_predict_groups_budgets_into_processes() -> None:
         ("stock", budgets), ("light", budgets), ("all", budgets)]
 
 
+def test_predictions_out_of_device_memory_are_predicted_again_alone(tmp_path: Path) -> None:
+    """After a shared pass, each budget that ran out of device memory runs again on its own; the
+    shared attempt's log is kept and the sweep says what the second attempt found."""
+    from memprof.sweep.result import Run, Sweep
+    from memprof.sweep.runner import _again_alone, out_of_device_memory
+
+    def run(budget: float, status: str, error: str | None = None) -> Run:
+        return Run("stock", budget, status, 0 if status == "completed" else 1, error, None,
+                   f"logs/stock_{budget_label(budget)}.log", 1.0)
+
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "stock_0.100.log").write_text("shared attempt")
+    cublas = run(0.2, "exception", "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling cublasCreate")
+    sweep = Sweep(command=["s.py"], budgets=[0.05, 0.1, 0.2], variants=["stock"],
+                  runs=[run(0.05, "completed"), run(0.1, "oom", "OutOfMemoryError"), cublas], mode="predict")
+    assert [out_of_device_memory(r) for r in sweep.runs] == [False, True, True]
+    asked: list[tuple[str, list[float]]] = []
+
+    def rerun(variant: str, budgets: list[float]) -> list[Run]:
+        asked.append((variant, budgets))
+        return [run(budgets[0], "oom", "OutOfMemoryError")]
+
+    _again_alone(sweep, tmp_path, rerun)
+    assert asked == [("stock", [0.1]), ("stock", [0.2])]
+    assert sorted(r.budget for r in sweep.runs) == [0.05, 0.1, 0.2]
+    assert (tmp_path / "logs" / "stock_0.100.shared.log").read_text() == "shared attempt"
+    assert sweep.notes == ["2 budget(s) ran out of device memory while the sweep's processes shared it and were "
+                           "predicted again alone: 0 then completed; the others do not fit on the device by themselves"]
+
+
 def test_bad_input_is_one_line(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 import memprof
@@ -58,3 +60,52 @@ def test_every_figure_of_the_oom_section() -> None:
 def test_expandable_segments_already_set_is_not_advised_again() -> None:
     (r,) = oom_reports(_capture("expandable_segments:True"))
     assert not any("expandable_segments" in n for n in r.next_steps)
+
+
+def test_the_next_step_names_a_sweep_that_fits_the_device() -> None:
+    """With activations live and plans recorded: the sweep covers 0 to 1 and the budget that ran
+    out, one process per budget, and the section says what fits."""
+    import dataclasses
+
+    from memprof.analysis.attribution import AttributionRow
+    from memprof.analysis.oom import _next_steps, _sweep_command
+
+    cap = memprof.load(Path(__file__).parents[1] / "fixtures" / "tiny_compiled.memprof")
+    cap.meta["argv"], cap.meta["budget"] = ["train.py", "--big"], 0.07
+    (r,) = oom_reports(_capture())
+    assert r.fit_bytes == 30 * MiB + 3 * MiB  # free, and what step 2 had allocated
+    assert r.sweep_command is None  # no plans in that capture
+    r = dataclasses.replace(r, by_category=[AttributionRow("saved_activation", 4 * MiB, 1, 0.5, "saved_activation"),
+                                            *r.by_category])
+    command = _sweep_command(r, cap)
+    assert command == ["memprof", "sweep", "train.py", "--big", "--budgets",
+                       "0,0.05,0.07,0.1,0.15,0.2,0.25,0.3,0.5,1", "--predict", "--jobs", "10"]
+    text = _next_steps(dataclasses.replace(r, sweep_command=command), cap)[-1]
+    assert "under 34.6 MB" in text and "--jobs 10" in text and "(4.2 MB saved for the backward" in text, text
+
+
+def test_predicting_processes_take_the_device_in_turns(tmp_path: Path) -> None:
+    """DeviceTurn: from its first call to the exit of its process, no other process gets the lock."""
+    import subprocess
+    import sys
+
+    lock = tmp_path / "device.lock"
+    probe = ("import fcntl, sys; f = open(sys.argv[1], 'a')\n"
+             "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n")
+    holder = ("import sys; from pathlib import Path; from memprof.sweep.predict import DeviceTurn\n"
+              "t = DeviceTurn(Path(sys.argv[1])); t(); t(); DeviceTurn(None)(); print('held', flush=True)\n"
+              "sys.stdin.readline()\n")
+
+    def other_gets_it() -> bool:
+        rc = subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode
+        assert rc in (0, 3)
+        return rc == 0
+
+    p = subprocess.Popen([sys.executable, "-c", holder, str(lock)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    assert p.stdout is not None and p.stdin is not None
+    assert p.stdout.readline().strip() == "held"
+    assert not other_gets_it()
+    p.stdin.close()
+    assert p.wait(timeout=60) == 0
+    assert other_gets_it()
