@@ -1,11 +1,10 @@
 """Recording a capture: `memprof.capture()`, `memprof.step()` and the recorder that owns the native
 session, the run-time hooks and the never-lose-a-capture policy.
 
-The recorder fills the `Capture` it yields once when it stops (`Capture.set_recorded`). With
-`output`, the capture is written there however the block ends: normally, by an exception (an OOM
-included), `sys.exit`, Ctrl-C or SIGTERM/SIGHUP (which would otherwise kill the process unsaved;
-after the save the signal is delivered again, so the process ends as it would have).
-"""
+The recorder fills the `Capture` it yields once when it stops (`Capture.set_recorded`). With `output`,
+the capture is written there however the block ends: normally, by an exception (an OOM included),
+`sys.exit`, Ctrl-C or SIGTERM/SIGHUP (which would otherwise kill the process unsaved; after the save
+the signal is delivered again, so the process ends as it would have)."""
 
 from __future__ import annotations
 
@@ -24,6 +23,7 @@ import numpy as np
 from memprof import environment, spill
 from memprof._events import EVENT_DTYPE
 from memprof._native import native, ring_events, thread_table
+from memprof.analysis.distributed import DDP_BUCKETS_BEGIN, DDP_BUCKETS_END
 from memprof.analysis.timeline import GC_START, GC_STOP
 from memprof.capture import Capture
 from memprof.capture_info import Keep
@@ -134,9 +134,10 @@ class Recorder:
             self.meta["plans"] = "recorded (AOTAutograd's cache off during the capture)"
         else:
             self.meta["plans"] = "off"
-        # marks at the start and stop of every collection, so that what Python's cyclic garbage
-        # collector frees (tensors in reference cycles) is told apart (timeline.gc_freed_positions)
+        # marks around every collection of Python's cyclic garbage collector (what it frees is told
+        # apart: timeline.gc_freed_positions) and DDP's bucket allocations (analysis.distributed)
         runtime.on_gc(p, lambda start: C.mark(GC_START if start else GC_STOP))
+        runtime.on_ddp_buckets(p, lambda begin: C.mark(DDP_BUCKETS_BEGIN if begin else DDP_BUCKETS_END))
         runtime.on_process_start(p, self._on_process_start)
         runtime.on_recompile_limit(p, lambda what: self.meta.setdefault("recompile_limits", []).append(what))
         # steps: one marker per optimizer step unless the script calls memprof.step()

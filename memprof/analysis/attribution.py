@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from memprof._events import FLAG_OTHER_THREAD, Kind
+from memprof.analysis.distributed import label_distributed
 from memprof.analysis.join import join_call
 from memprof.analysis.labels import (
     BEFORE_CAPTURE,
@@ -145,6 +146,7 @@ def label_timeline(
     if len(eager):
         first_activity = min([c[1] for c in calls] + [b[1] for b in bws] + [len(raw)])
         _label_eager(ctx, eager, opts, first_activity, in_backward, freed_in_bw)
+        label_distributed(ctx, eager, in_backward)
     # known tensors (parameters, gradients, optimizer state) override by pointer and time; those recorded
     # after a step window closed may name a block at a reused address whose free was not stored
     if known_until is not None:

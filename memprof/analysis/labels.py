@@ -28,6 +28,12 @@ class Category(enum.IntEnum):
     TEMPORARY = 7
     WORKSPACE = 8
     UNATTRIBUTED = 9
+    # distributed (memprof.analysis.distributed); under FSDP2, PARAMETER and GRADIENT are the rank's shards
+    UNSHARDED_PARAMETER = 10  # FSDP2's all-gathered parameters, between all-gather and reshard
+    UNSHARDED_GRADIENT = 11  # gradients of unsharded parameters, until reduce-scattered
+    ALL_GATHER = 12  # FSDP2's all-gather buffers
+    REDUCE_SCATTER = 13  # FSDP2's reduce-scatter buffers
+    DDP_BUCKET = 14  # DDP's gradient buckets (the reducer's flat gradient copies)
 
 
 CATEGORIES = tuple(c.name.lower() for c in Category)

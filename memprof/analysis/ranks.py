@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from memprof.analysis.attribution import BACKWARD_SCOPES, OPTIMIZER_SCOPES
+from memprof.analysis.distributed import DISTRIBUTED
+from memprof.analysis.labels import CATEGORIES
 from memprof.capture import Capture
 
 
@@ -20,6 +22,7 @@ class RankRow:
     step: int | None  # the step the peak is in
     phase: str  # "forward", "backward", "optimizer" or "" (outside them)
     top: list[tuple[str, int]]  # the largest categories live at the peak
+    distributed: list[tuple[str, int]]  # FSDP2's and DDP's categories live at the peak (analysis.distributed)
     status: str | None  # how the rank's run ended
     error: str | None  # why, when it ended by an error
 
@@ -44,6 +47,9 @@ class RankSet:
         return self.highest.peak - self.lowest.peak
 
 
+_DISTRIBUTED = frozenset(CATEGORIES[c] for c in DISTRIBUTED)
+
+
 def phase_of(stack: list[str]) -> str:
     """The training phase a scope stack is in (outermost first)."""
     if any(s.startswith(OPTIMIZER_SCOPES) for s in stack):
@@ -63,6 +69,7 @@ def _row(rank: int, cap: Capture) -> RankRow:
     at = (int(tl.t_ns[pos]) - cap.info.t_start_ns) / 1e9 if pos >= 0 else 0.0
     return RankRow(rank=rank, device=dev, peak=tl.peak, exact=cap.exact, at_s=at, step=step,
                    phase=phase_of(cap.scope_stack_at_peak(dev)), top=[(r.key, r.bytes) for r in rows[:3]],
+                   distributed=[(r.key, r.bytes) for r in rows if r.key in _DISTRIBUTED and r.bytes],
                    status=cap.info.status, error=error if isinstance(error := cap.meta.get("error"), str) else None)
 
 

@@ -264,30 +264,41 @@ GC_START = "python gc: start"
 GC_STOP = "python gc: stop"
 
 
+def mark_windows(raw: np.ndarray, strings: Sequence[str], start: str, stop: str) -> list[tuple[int, int, int, int]]:
+    """(thread, start row, stop row, start mark's string id) of each pair of `start` and `stop`
+    marks (Kind.MARK) on one thread, in the interval form of `scopes.inside`; sorted by thread, then row."""
+    start_ids = [i for i, s in enumerate(strings) if s == start]
+    stop_ids = [i for i, s in enumerate(strings) if s == stop]
+    marks = np.flatnonzero(raw["kind"] == Kind.MARK)
+    if not start_ids or len(marks) == 0:
+        return []
+    ids = raw["scope"][marks]
+    is_start, is_stop = np.isin(ids, start_ids), np.isin(ids, stop_ids)
+    out: list[tuple[int, int, int, int]] = []
+    open_at: dict[int, int] = {}
+    for row, begin, end in zip(marks.tolist(), is_start.tolist(), is_stop.tolist(), strict=True):
+        thread = int(raw["thread"][row])
+        if begin:
+            open_at[thread] = row
+        elif end and thread in open_at:
+            out.append((thread, open_at.pop(thread), row, start_ids[0]))
+    return sorted(out)
+
+
 def gc_freed_positions(raw: np.ndarray, timeline: Timeline, strings: Sequence[str]) -> np.ndarray:
     """Timeline positions of the frees Python's cyclic garbage collector made: frees on the thread
     of a collection, between its start and stop marks (tensors held in reference cycles, freed when
     a collection happens to run rather than when their last reference goes)."""
-    start_ids = [i for i, s in enumerate(strings) if s == GC_START]
-    stop_ids = [i for i, s in enumerate(strings) if s == GC_STOP]
-    marks = np.flatnonzero(raw["kind"] == Kind.MARK)
-    if not start_ids or len(marks) == 0 or len(timeline.rows) == 0:
+    windows = mark_windows(raw, strings, GC_START, GC_STOP)
+    if not windows or len(timeline.rows) == 0:
         return np.zeros(0, np.int64)
-    ids = raw["scope"][marks]
-    is_start, is_stop = np.isin(ids, start_ids), np.isin(ids, stop_ids)
     frees = np.flatnonzero(~timeline.is_alloc)
     free_rows = timeline.rows[frees]
     free_threads = raw["thread"][free_rows]
     inside = np.zeros(len(frees), dtype=bool)
-    open_at: dict[int, int] = {}
-    for row, start, stop in zip(marks.tolist(), is_start.tolist(), is_stop.tolist(), strict=True):
-        thread = int(raw["thread"][row])
-        if start:
-            open_at[thread] = row
-        elif stop and thread in open_at:
-            begin = open_at.pop(thread)
-            lo, hi = np.searchsorted(free_rows, [begin, row])
-            inside[lo:hi] |= free_threads[lo:hi] == thread
+    for thread, begin, end, _ in windows:
+        lo, hi = np.searchsorted(free_rows, [begin, end])
+        inside[lo:hi] |= free_threads[lo:hi] == thread
     return frees[inside]
 
 

@@ -31,6 +31,9 @@ def render_ranks(name: str, ranks: RankSet, as_json: bool) -> str:
     else:
         lines.append(f"  every rank peaks at {fmt_bytes(top.peak)}")
     for r in ranks.rows:
+        if r.distributed:
+            lines.append(f"  rank {r.rank} at its peak: " + ", ".join(f"{k} {fmt_bytes(b)}" for k, b in r.distributed))
+    for r in ranks.rows:
         if r.status not in (None, "completed", "exit"):
             why = f": {r.error[:160]}" if r.error else ""
             if r.status == "cut short":

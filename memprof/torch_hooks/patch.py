@@ -38,6 +38,8 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("torch.autograd", "backward"),
     ("networkx", "minimum_cut"),
     ("multiprocessing.process", "BaseProcess.start"),
+    ("torch.nn.parallel.distributed", "DistributedDataParallel._ddp_init_helper"),
+    ("torch._C._distributed_c10d", "Reducer._rebuild_buckets"),
 )
 _DECLARED = frozenset(TARGETS)
 

@@ -90,6 +90,33 @@ def on_gc(patches: Patches, fn: Callable[[bool], None]) -> None:
     patches.on_undo(lambda: gc.callbacks.remove(callback))
 
 
+def on_ddp_buckets(patches: Patches, fn: Callable[[bool], None]) -> None:
+    """Call `fn(True)` before and `fn(False)` after the DDP code that allocates the reducer's
+    gradient buckets: its construction (`DistributedDataParallel._ddp_init_helper`) and its rebuild
+    in the second iteration's forward (`Reducer._rebuild_buckets`). Only where torch.distributed is
+    built and DDP already imported (torch imports it with torch.nn)."""
+    import sys
+
+    ddp = sys.modules.get("torch.nn.parallel.distributed")
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    owners = [("torch.nn.parallel.distributed", "DistributedDataParallel._ddp_init_helper", ddp),
+              ("torch._C._distributed_c10d", "Reducer._rebuild_buckets", c10d)]
+    for module, path, mod in owners:
+        cls_name, name = path.split(".")
+        original = getattr(getattr(mod, cls_name, None), name, None)
+        if original is None:
+            continue
+
+        def marked(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            fn(True)
+            try:
+                return __original(self, *args, **kwargs)
+            finally:
+                fn(False)
+
+        patches.set(module, path, marked)
+
+
 def on_process_start(patches: Patches, fn: Callable[[bool], None]) -> None:
     """Call `fn(is_dataloader_worker)` for every process started with multiprocessing."""
     import multiprocessing.process as mp_process

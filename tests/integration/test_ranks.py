@@ -54,6 +54,11 @@ def test_torchrun_writes_a_capture_per_rank_and_one_merged_report(tmp_path: Path
         assert sum(row.bytes for row in cap.attribution(by="category")) == cap.peak("cpu")
         assert cap.plans and {c.level for c in cap.labels().calls} == {"buffer"}  # joined to the FX nodes
         assert sum(row.bytes for row in cap.attribution(by="node")) == cap.peak("cpu")
+        # DDP's reducer keeps one bucket (under its 25 MB cap) as large as the gradients, all along
+        params = (64 * 256 + 256 + 256 * 64 + 64) * 4
+        for s in cap.steps("cpu"):
+            assert {row.key: row.bytes for row in cap.attribution(at=f"step:{s.step}", by="category")}.get(
+                "ddp_bucket") == params, s.step
     peaks = [c.peak("cpu") for c in caps]
     high = max((0, 1), key=lambda r: (peaks[r], -r))
     # (which rank peaks higher is the run's: the compiling step's own allocations vary with timing)
@@ -180,15 +185,39 @@ dist.destroy_process_group()
 """
 
 
+def _categories_at(cap: memprof.Capture, row: int) -> dict[str, int]:
+    """Live bytes by category just before event `row`."""
+    from memprof.analysis.attribution import rows_at
+
+    tl = cap.timeline("cpu")
+    return {r.key: r.bytes for r in rows_at(tl, cap.labels("cpu"), tl.pos_before_row(row), "category")}
+
+
 def test_fsdp2_ranks_hold_and_name_their_shards(tmp_path: Path) -> None:
     """FSDP2 (`fully_shard`) on 2 ranks: each rank's parameters at its peak are its shard, half of
-    the model's 264,192 B, named as parameters (a DTensor's local shard), and every rank sums exactly."""
+    the model's 264,192 B, named as parameters (a DTensor's local shard), and every rank sums exactly.
+    Unsharded parameters (one layer's 66,048 B at a time, or two while the next is prefetched),
+    all-gather and reduce-scatter buffers and unsharded gradients exist only inside the forward and
+    backward: none is live where a step ends."""
     (tmp_path / "fsdp.py").write_text(FSDP2)
     res = _torchrun(tmp_path, "run.memprof", "fsdp.py")
     assert res.returncode == 0, res.stderr[-3000:]
+    layer = (128 * 128 + 128) * 4
     for r in (0, 1):
         cap = memprof.load(tmp_path / f"run.rank{r}.memprof")
         rows = {row.key: row.bytes for row in cap.attribution(by="category")}
         assert sum(rows.values()) == cap.peak("cpu")
-        assert rows["parameter"] == (4 * 128 * 128 + 4 * 128) * 4 // 2
+        assert rows["parameter"] == 4 * layer // 2
         assert rows["optimizer_state"] >= 2 * rows["parameter"]  # exp_avg and exp_avg_sq of the shard
+        for s in cap.steps("cpu"):
+            at_peak = {row.key: row.bytes for row in cap.attribution(at=f"step:{s.step}", by="category")}
+            assert sum(at_peak.values()) == s.peak
+            if s.step > 1:  # after the compiling step, each step peaks in its backward, mid all-gather
+                assert at_peak["unsharded_parameter"] in (layer, 2 * layer), at_peak
+                assert at_peak["all_gather"] > 0 and at_peak["reduce_scatter"] > 0, at_peak
+            at_end = _categories_at(cap, s.end_row)
+            distributed = ("unsharded_parameter", "unsharded_gradient", "all_gather", "reduce_scatter")
+            assert not any(at_end.get(k) for k in distributed), (s.step, at_end)
+            assert at_end["parameter"] == 4 * layer // 2
+        by_node = {row.key for row in cap.attribution(by="node")}
+        assert any(k.startswith("fsdp:FSDP::all_gather_copy_out (") for k in by_node), by_node

@@ -1,0 +1,72 @@
+"""Distributed categories (pure): what FSDP2 and DDP allocate, told apart from the rest.
+
+FSDP2 (`fully_shard`) opens a `record_function` scope around each of its steps, and memprof
+records those scopes: what is allocated inside `FSDP::all_gather_copy_out` is an unsharded
+parameter (it lives until the reshard frees it), inside `FSDP::all_gather` an all-gather buffer,
+inside `FSDP::post_backward_reduce` a reduce-scatter buffer (the new sharded gradient made there is
+a known tensor, and stays a gradient); a backward allocation outside FSDP's scopes that dies inside
+`FSDP::post_backward_*` is the gradient of an unsharded parameter. DDP opens no scope where its
+reducer allocates its gradient buckets, so memprof marks those calls itself
+(`torch_hooks.runtime.on_ddp_buckets`): what they allocate and outlives them is a bucket.
+
+Only allocations outside compiled graphs are relabelled (FSDP2's and DDP's own code runs eagerly).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from memprof.analysis.labels import Category, LabelContext
+from memprof.analysis.scopes import inside
+from memprof.analysis.timeline import mark_windows
+
+DDP_BUCKETS_BEGIN = "ddp: buckets begin"
+DDP_BUCKETS_END = "ddp: buckets end"
+# scope-name prefixes, the more specific first (all_gather_copy_out also starts with all_gather)
+FSDP_SCOPES = (("FSDP::all_gather_copy_out", Category.UNSHARDED_PARAMETER),
+               ("FSDP::all_gather", Category.ALL_GATHER),
+               ("FSDP::post_backward_reduce", Category.REDUCE_SCATTER))
+FSDP_POST_BACKWARD = "FSDP::post_backward"
+DISTRIBUTED = frozenset({Category.UNSHARDED_PARAMETER, Category.UNSHARDED_GRADIENT, Category.ALL_GATHER,
+                         Category.REDUCE_SCATTER, Category.DDP_BUCKET})
+
+
+def _scopes(ctx: LabelContext, prefix: str, exclude: str = "") -> list[tuple[int, int, int, int]]:
+    ids = [i for s, i in ctx.scope_id.items() if s.startswith(prefix) and not (exclude and s.startswith(exclude))]
+    return ctx.scopes.outermost(ids)
+
+
+def label_distributed(ctx: LabelContext, eager: np.ndarray, in_backward: np.ndarray) -> None:
+    """Relabel the eager allocations (timeline positions) that FSDP2 or DDP made."""
+    if not len(eager):
+        return
+    rows, threads = ctx.tl.rows[eager], ctx.thread[eager]
+    done = np.zeros(len(eager), dtype=bool)
+    exclude = ""
+    for prefix, category in FSDP_SCOPES:
+        intervals = _scopes(ctx, prefix, exclude)
+        exclude = exclude or prefix  # FSDP::all_gather does not take what copy_out took
+        where = inside(rows, threads, intervals)
+        hit = (where >= 0) & ~done
+        for i in np.flatnonzero(hit).tolist():
+            scope = ctx.strings[intervals[int(where[i])][3]]
+            ctx.category[eager[i]], ctx.node[eager[i]] = category, ctx.names(f"fsdp:{scope}")
+        done |= hit
+    post = _scopes(ctx, FSDP_POST_BACKWARD)
+    if post:
+        free_row = ctx.free_row[eager]
+        freed = free_row < len(ctx.raw)
+        free_thread = np.where(freed, ctx.raw["thread"][np.minimum(free_row, len(ctx.raw) - 1)], -1)
+        in_fsdp = inside(rows, threads, _scopes(ctx, "FSDP::")) >= 0
+        dies_there = freed & (inside(free_row, free_thread.astype(np.int64), post) >= 0)
+        grads = dies_there & in_backward[eager] & ~in_fsdp & ~done
+        ctx.category[eager[grads]] = Category.UNSHARDED_GRADIENT
+        done |= grads
+    windows = mark_windows(ctx.raw, ctx.strings, DDP_BUCKETS_BEGIN, DDP_BUCKETS_END)
+    if windows:
+        where = inside(rows, threads, windows)
+        ends = np.asarray([w[2] for w in windows], dtype=np.int64)
+        buckets = (where >= 0) & ~done
+        buckets &= ctx.free_row[eager] > ends[np.maximum(where, 0)]  # outlives the call that made it
+        ctx.category[eager[buckets]] = Category.DDP_BUCKET
+        ctx.node[eager[buckets]] = ctx.names("ddp:buckets")
