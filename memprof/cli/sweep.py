@@ -35,9 +35,12 @@ import click
 @click.option("--predict", is_flag=True,
               help="No training step: compile each budget (forward and backward) and draw the curve from "
                    "memprof's compile-time estimate (Inductor's beside it); the script stops at its first backward.")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Run each budget as a torchrun job of N processes (a distributed script); its step peak is "
+                   "the highest rank's, and the table shows the spread between ranks.")
 def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str, ...], jobs: int,
           output: str | None, force: bool, timeout: float | None, noise_mb: float, noise_rel: float,
-          no_plot: bool, predict: bool) -> int:
+          no_plot: bool, predict: bool, nproc: int) -> int:
     """Run SCRIPT once per budget (like `memprof trace SCRIPT --budget B`), then tabulate and plot
     the step peaks, flag every pair where less budget gives more memory, and explain each flag
     (what the partitioner saved and recomputed, by op class; what was live at the peak).
@@ -56,6 +59,9 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     from memprof.sweep.table import render_findings, render_table
 
     budgets = parse_budgets(spec)
+    if predict and nproc > 1:
+        raise click.UsageError("--predict does not take --nproc: predictions compile one process per budget group "
+                               "(the sweep measures torchrun jobs only)")
     path = check_script(script)
     out = Path(output) if output else Path(f"sweep_{path.stem}")
     prepare_dir(out, force, path)
@@ -63,7 +69,8 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     total = len(budgets) * len(variants)
     what = "predicting" if predict else "sweeping"
     click.echo(f"memprof: {what} {len(budgets)} budgets x {len(variants)} variant(s) of {path} "
-               f"({jobs} at a time) into {out}/", err=True)
+               f"({jobs} at a time{f', each a torchrun job of {nproc} processes' if nproc > 1 else ''}) into {out}/",
+               err=True)
     cores = os.cpu_count() or 1
     if predict and jobs == 1 and total > 1 and cores > 1:
         click.echo(f"memprof: hint: --predict's compiles are CPU-bound and run one after another in one process; "
@@ -80,7 +87,8 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
             bar.advance(task)
 
         result = run_sweep(str(path), list(script_args), budgets, variants, out, jobs=jobs, timeout=timeout,
-                           progress=done, predict=predict, noise={"abs_bytes": noise_mb * MB, "rel": noise_rel})
+                           progress=done, predict=predict, noise={"abs_bytes": noise_mb * MB, "rel": noise_rel},
+                           nproc=nproc)
     click.echo(printable(render_table(result)))  # errors and names come from the script's runs
     findings = render_findings(result)
     if findings:

@@ -71,8 +71,12 @@ def sweep_child(budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: 
     if len(budgets) != 1 or output is None:
         raise MemprofError("a measured budget runs alone, with -o for its capture")
     from memprof.cli.trace import TraceOptions, traced
+    from memprof.ranks import launched_rank, rank_path
 
-    cap, code = traced(path, args, resolve(output), None, TraceOptions(budgets[0], remat, knapsack_evaluator=True),
-                       Path.cwd())
-    write_text(resolve(json_paths[0]), _measured(cap, budgets[0], remat))
+    out, json_path = resolve(output), resolve(json_paths[0])
+    rank = launched_rank()
+    if rank is not None:  # one of a torchrun job's ranks (memprof sweep --nproc)
+        out, json_path = rank_path(out, rank.rank), rank_path(json_path, rank.rank)
+    cap, code = traced(path, args, out, None, TraceOptions(budgets[0], remat, knapsack_evaluator=True), Path.cwd())
+    write_text(json_path, _measured(cap, budgets[0], remat))
     return code

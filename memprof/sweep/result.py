@@ -29,6 +29,19 @@ class Run:
     log: str
     wall_s: float
     measured: Measured | None = None
+    # a torchrun job (--nproc): each rank's step peak; `measured` and `capture` are the highest rank's
+    rank_peaks: list[int | None] | None = None
+
+    @property
+    def highest_rank(self) -> int | None:
+        peaks = [(p, -r) for r, p in enumerate(self.rank_peaks or []) if p is not None]
+        return -max(peaks)[1] if peaks else None
+
+    @property
+    def rank_spread(self) -> int | None:
+        """The highest rank's step peak minus the lowest's."""
+        peaks = [p for p in self.rank_peaks or [] if p is not None]
+        return max(peaks) - min(peaks) if len(peaks) >= 2 else None
 
     @property
     def ok(self) -> bool:
@@ -84,6 +97,7 @@ class Sweep:
     noise: dict[str, float] = field(default_factory=lambda: {"abs_bytes": ABS_TOL, "rel": REL_TOL})
     notes: list[str] = field(default_factory=list)
     mode: str = "measure"  # "measure": step peaks from captures; "predict": memprof's compile-time estimate
+    nproc: int = 1  # processes per budget (a torchrun job each when above 1)
     format: int = FORMAT
 
     def value(self, run: Run) -> int | None:
@@ -166,7 +180,7 @@ def load_sweep(path: str | Path) -> Sweep:
     noise = dict(d.get("noise", {})) or {"abs_bytes": ABS_TOL, "rel": REL_TOL}
     return Sweep(command=list(d["command"]), budgets=[float(b) for b in d["budgets"]], variants=list(d["variants"]),
                  runs=[Run.from_json(r) for r in d["runs"]], noise=noise, notes=list(d.get("notes", [])),
-                 mode=str(d.get("mode", "measure")))
+                 mode=str(d.get("mode", "measure")), nproc=int(d.get("nproc", 1)))
 
 
 def _classes(d: dict[str, int], top: int = 4) -> str:

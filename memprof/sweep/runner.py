@@ -10,6 +10,7 @@ writes what is done.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -105,13 +106,16 @@ class _Pool:
 
 def _run_group(pool: _Pool, out: Path, script: str, args: Sequence[str], variant: str, budgets: Sequence[float],
                gpu: str | None, timeout: float | None, extra_env: dict[str, str], predict: bool = False,
-               device_lock: Path | None = None) -> list[Run]:
+               device_lock: Path | None = None, nproc: int = 1) -> list[Run]:
     """One process (`memprof _sweep-child`): one budget measured, or (`predict`) one or more budgets of
-    a variant predicted; a Run per budget."""
+    a variant predicted; a Run per budget. With `nproc` > 1, one measured budget as a torchrun job of
+    that many processes, each rank writing its own capture and JSON (`ranks.rank_path`)."""
     labels = [f"{variant}_{budget_label(b)}" for b in budgets]
     log_name = f"logs/{labels[0]}.log" if len(labels) == 1 else f"logs/{labels[0]}+{len(labels) - 1}.log"
     measure_paths = [out / "logs" / f"{label}.json" for label in labels]
     cmd = [sys.executable, "-m", "memprof", "_sweep-child"]
+    if nproc > 1:
+        cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     for b, path in zip(budgets, measure_paths, strict=True):
         cmd += ["--budget", repr(b), "--json", str(path)]
     if predict:
@@ -153,8 +157,27 @@ def _run_group(pool: _Pool, out: Path, script: str, args: Sequence[str], variant
             with pool.lock:
                 pool.procs.discard(proc)
     wall = round(time.monotonic() - t0, 2)
+    if nproc > 1:
+        return [_collect_ranks(out, variant, budgets[0], labels[0], measure_paths[0], log_name, rc, status, timeout,
+                               wall, nproc)]
     return [_collect(out, variant, b, label, path, log_name, rc, status, timeout, wall)
             for b, label, path in zip(budgets, labels, measure_paths, strict=True)]
+
+
+def _collect_ranks(out: Path, variant: str, budget: float, label: str, measure_path: Path, log_name: str,
+                   rc: int | None, status: str | None, timeout: float | None, wall: float, nproc: int) -> Run:
+    """One budget's Run from a torchrun job's ranks: the highest rank's measurement and capture, every
+    rank's step peak, and the first rank that did not complete, if one did not."""
+    from memprof.ranks import rank_path
+
+    runs = [_collect(out, variant, budget, f"{label}.rank{r}", rank_path(measure_path, r), log_name, rc, status,
+                     timeout, wall) for r in range(nproc)]
+    peaks = [r.step_peak for r in runs]
+    failed = next((r for r in runs if not r.ok), None)
+    ranked = dataclasses.replace(runs[0], rank_peaks=peaks)
+    top = ranked.highest_rank
+    chosen = failed if failed is not None else runs[top if top is not None else 0]
+    return dataclasses.replace(chosen, rank_peaks=peaks)
 
 
 def _collect(out: Path, variant: str, budget: float, label: str, measure_path: Path, log_name: str, rc: int | None,
@@ -268,11 +291,14 @@ def _last_line(path: Path) -> str | None:
 def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], variants: Sequence[str], out: Path,
               jobs: int = 1, timeout: float | None = None, progress: Progress | None = None,
               env: dict[str, str] | None = None, predict: bool = False,
-              noise: dict[str, float] | None = None) -> Sweep:
+              noise: dict[str, float] | None = None, nproc: int = 1) -> Sweep:
     """Measure (or, with `predict`, only compile and estimate) every (variant, budget) in its own
     process; returns the sweep (also saved to out/sweep.json)."""
+    if predict and nproc > 1:
+        raise MemprofError("--predict compiles in one process per budget group: run it without --nproc "
+                           "(the sweep measures torchrun jobs only)")
     sweep = Sweep(command=[script, *args], budgets=list(budgets), variants=list(variants), runs=[],
-                  mode="predict" if predict else "measure")
+                  mode="predict" if predict else "measure", nproc=nproc)
     if noise is not None:
         sweep.noise = dict(noise)
     gpus = visible_gpus()
@@ -283,7 +309,8 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         share = sharing_available()
     groups = group_tasks(budgets, variants, jobs, share)
     env = dict(env or {})
-    env.update(process_threads(os.cpu_count() or 1, min(jobs, len(groups)), bool(gpus), {**os.environ, **env}))
+    env.update(process_threads(os.cpu_count() or 1, min(jobs, len(groups)) * nproc, bool(gpus),
+                               {**os.environ, **env}))
     if share:
         sweep.notes.append(f"{len(budgets) * len(variants)} budgets predicted in {len(groups)} processes: the budgets "
                            "of a process share the script's start, Dynamo's trace and the joint graph")
@@ -294,10 +321,10 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
 
     def task(i: int) -> list[Run]:
         v, bs = groups[i]
-        gpu = gpus[i % len(gpus)] if len(gpus) > 1 else None
+        gpu = gpus[i % len(gpus)] if len(gpus) > 1 and nproc == 1 else None  # a torchrun job takes them all
         device_lock = out / "logs" / f"device{gpu if gpu is not None else ''}.lock" if turns else None
         try:
-            runs = _run_group(pool, out, script, args, v, bs, gpu, timeout, env, predict, device_lock)
+            runs = _run_group(pool, out, script, args, v, bs, gpu, timeout, env, predict, device_lock, nproc)
         except OSError as exc:
             runs = [Run(v, b, "crashed", None, f"could not start: {exc}", None, "", 0.0) for b in bs]
         with lock:
@@ -330,6 +357,13 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         alone = None if len(gpus) < 2 else gpus[0]
         _again_alone(sweep, out, lambda v, bs: _run_group(pool, out, script, args, v, bs, alone, timeout, env, predict))
     sweep.runs.sort(key=lambda r: (r.variant, r.budget))
+    _closing_notes(sweep)
+    sweep.save(out)
+    return sweep
+
+
+def _closing_notes(sweep: Sweep) -> None:
+    """What the finished sweep's runs leave out or mean, as notes."""
     unprobed: dict[str, dict[str, None]] = {}  # why -> ops
     for r in sweep.runs:
         for op, why in (r.measured.estimate_unprobed if r.measured else []):
@@ -337,11 +371,9 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
     if unprobed:
         sweep.notes.append("memprof's estimate leaves out the scratch memory of fallback kernels it could not run ("
                            + "; ".join(f"{why}: {', '.join(ops)}" for why, ops in unprobed.items()) + ")")
-    if predict and sweep.never_compiled():
+    if sweep.mode == "predict" and sweep.never_compiled():
         sweep.notes.append("the script compiled no graph with a backward before its first backward call: "
                            "nothing to predict")
-    if sweep.never_compiled() and not predict:
+    if sweep.never_compiled() and sweep.mode != "predict":
         sweep.notes.append("the script never called torch.compile on a model it trained (no compiled graph with a "
                            "backward was recorded): the budget has no effect; the peaks are eager peaks")
-    sweep.save(out)
-    return sweep

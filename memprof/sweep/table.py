@@ -25,6 +25,8 @@ def render_table(sweep: Sweep) -> str:
     for v in sweep.variants:
         if sweep.mode == "measure":
             head += [f"{v} peak MB", f"{v} est MB", f"{v} step ms", f"{v} saved MB", f"{v} recomputed MB"]
+            if sweep.nproc > 1:
+                head += [f"{v} highest rank", f"{v} rank spread MB"]
         else:
             head += [f"{v} predicted MB", f"{v} Inductor est (outputs kept) MB", f"{v} compile s", f"{v} saved MB",
                      f"{v} recomputed MB"]
@@ -48,6 +50,9 @@ def render_table(sweep: Sweep) -> str:
                         "-" if secs is None else f"{secs:.0f}"]
             row += ["-" if f is None else f"{f.saved_bytes / MB:.1f}",
                     "-" if f is None else f"{f.recomputed_bytes / MB:.1f}"]
+            if sweep.mode == "measure" and sweep.nproc > 1:
+                top, spread = (r.highest_rank, r.rank_spread) if r is not None else (None, None)
+                row += ["-" if top is None else str(top), fmt_mb(spread)]
             tag = "" if len(sweep.variants) == 1 else f"{v}: "
             if b in flagged[v]:
                 fl = flagged[v][b]

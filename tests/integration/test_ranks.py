@@ -221,3 +221,31 @@ def test_fsdp2_ranks_hold_and_name_their_shards(tmp_path: Path) -> None:
             assert at_end["parameter"] == 4 * layer // 2
         by_node = {row.key for row in cap.attribution(by="node")}
         assert any(k.startswith("fsdp:FSDP::all_gather_copy_out (") for k in by_node), by_node
+
+
+SWEEP_DDP = DDP.replace("torch.randn(32 * (rank + 1), 64)", "torch.randn(512 * (rank + 1), 64)")
+
+
+def test_sweep_runs_each_budget_as_a_torchrun_job(tmp_path: Path) -> None:
+    """`memprof sweep --nproc 2`: each budget a torchrun job; its step peak is the highest rank's (rank
+    1 works on twice the batch), every rank's is kept, and the table shows the highest rank and the
+    spread. `--predict` with `--nproc` is one line."""
+    from memprof.sweep import load_sweep
+
+    (tmp_path / "ddp.py").write_text(SWEEP_DDP)
+    res = invoke_memprof("sweep", "ddp.py", "--budgets", "0.5,1.0", "--nproc", "2", "-o", "sw", "--no-plot",
+                         cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    sweep = load_sweep(tmp_path / "sw")
+    assert sweep.nproc == 2 and len(sweep.runs) == 2
+    for run in sweep.runs:
+        assert run.ok and run.rank_peaks is not None and len(run.rank_peaks) == 2
+        low, high = run.rank_peaks
+        assert low is not None and high is not None and high > low
+        assert (run.highest_rank, run.step_peak, run.rank_spread) == (1, high, high - low)
+        assert run.capture == f"stock_{run.budget:.3f}.rank1.memprof"
+        cap = memprof.load(tmp_path / "sw" / run.capture)
+        assert cap.info.rank == 1 and cap.info.world_size == 2
+    assert "stock highest rank" in res.stdout and "stock rank spread MB" in res.stdout
+    bad = invoke_memprof("sweep", "ddp.py", "--budgets", "0.5", "--nproc", "2", "--predict", cwd=tmp_path)
+    assert bad.returncode != 0 and "--predict does not take --nproc" in one_line_error(bad)
