@@ -142,6 +142,7 @@ class PlanRecorder:
         self._hooks = contextlib.ExitStack()
         self._errors: set[str] = set()
         self._param_names: dict[int, str] = {}
+        self._scanned_for: set[int] = set()  # optimizers whose unnamed parameters sent us to the modules
 
     # -- install / uninstall ------------------------------------------------------------
     def install(self) -> None:
@@ -321,7 +322,12 @@ class PlanRecorder:
                 self._add_tensor(t, p, "parameter", name.removeprefix("_orig_mod."))
 
     def record_optimizer(self, optimizer: Any) -> None:
-        """Parameters, gradients and optimizer state after an optimizer step."""
+        """Parameters, gradients and optimizer state after an optimizer step. Parameters no compile
+        named (an eager model: FSDP2's, DDP's) are named from the live modules, once per optimizer."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if id(optimizer) not in self._scanned_for and any(id(p) not in self._param_names for p in params):
+            self._scanned_for.add(id(optimizer))
+            self.record_modules()
         t = self.now_ns()
         names = {id(p): self._param_names.get(id(p), f"param_groups[{gi}][{pi}]")
                  for gi, g in enumerate(optimizer.param_groups) for pi, p in enumerate(g["params"])}
