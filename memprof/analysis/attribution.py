@@ -146,7 +146,7 @@ def label_timeline(
     if len(eager):
         first_activity = min([c[1] for c in calls] + [b[1] for b in bws] + [len(raw)])
         _label_eager(ctx, eager, opts, first_activity, in_backward, freed_in_bw)
-        label_distributed(ctx, eager, in_backward)
+    label_distributed(ctx, eager, alloc_pos[call_of >= 0], in_backward)
     # known tensors (parameters, gradients, optimizer state) override by pointer and time; those recorded
     # after a step window closed may name a block at a reused address whose free was not stored
     if known_until is not None:

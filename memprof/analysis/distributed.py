@@ -5,11 +5,13 @@ records those scopes: what is allocated inside `FSDP::all_gather_copy_out` is an
 parameter (it lives until the reshard frees it), inside `FSDP::all_gather` an all-gather buffer,
 inside `FSDP::post_backward_reduce` a reduce-scatter buffer (the new sharded gradient made there is
 a known tensor, and stays a gradient); a backward allocation outside FSDP's scopes that dies inside
-`FSDP::post_backward_*` is the gradient of an unsharded parameter. DDP opens no scope where its
+`FSDP::post_backward_*` is the gradient of an unsharded parameter (an eager one, or a compiled
+backward's gradient output). DDP opens no scope where its
 reducer allocates its gradient buckets, so memprof marks those calls itself
 (`torch_hooks.runtime.on_ddp_buckets`): what they allocate and outlives them is a bucket.
 
-Only allocations outside compiled graphs are relabelled (FSDP2's and DDP's own code runs eagerly).
+Otherwise only allocations outside compiled graphs are relabelled: FSDP2's and DDP's own code runs
+eagerly.
 """
 
 from __future__ import annotations
@@ -36,8 +38,11 @@ def _scopes(ctx: LabelContext, prefix: str, exclude: str = "") -> list[tuple[int
     return ctx.scopes.outermost(ids)
 
 
-def label_distributed(ctx: LabelContext, eager: np.ndarray, in_backward: np.ndarray) -> None:
-    """Relabel the eager allocations (timeline positions) that FSDP2 or DDP made."""
+def label_distributed(ctx: LabelContext, eager: np.ndarray, joined: np.ndarray, in_backward: np.ndarray) -> None:
+    """Relabel the allocations (timeline positions; `eager` outside compiled graphs, `joined` inside
+    them) that FSDP2 or DDP made."""
+    _unsharded_gradients(ctx, np.concatenate([eager, joined[ctx.category[joined] == Category.GRADIENT]]),
+                         in_backward)
     if not len(eager):
         return
     rows, threads = ctx.tl.rows[eager], ctx.thread[eager]
@@ -52,16 +57,6 @@ def label_distributed(ctx: LabelContext, eager: np.ndarray, in_backward: np.ndar
             scope = ctx.strings[intervals[int(where[i])][3]]
             ctx.category[eager[i]], ctx.node[eager[i]] = category, ctx.names(f"fsdp:{scope}")
         done |= hit
-    post = _scopes(ctx, FSDP_POST_BACKWARD)
-    if post:
-        free_row = ctx.free_row[eager]
-        freed = free_row < len(ctx.raw)
-        free_thread = np.where(freed, ctx.raw["thread"][np.minimum(free_row, len(ctx.raw) - 1)], -1)
-        in_fsdp = inside(rows, threads, _scopes(ctx, "FSDP::")) >= 0
-        dies_there = freed & (inside(free_row, free_thread.astype(np.int64), post) >= 0)
-        grads = dies_there & in_backward[eager] & ~in_fsdp & ~done
-        ctx.category[eager[grads]] = Category.UNSHARDED_GRADIENT
-        done |= grads
     windows = mark_windows(ctx.raw, ctx.strings, DDP_BUCKETS_BEGIN, DDP_BUCKETS_END)
     if windows:
         where = inside(rows, threads, windows)
@@ -70,3 +65,16 @@ def label_distributed(ctx: LabelContext, eager: np.ndarray, in_backward: np.ndar
         buckets &= ctx.free_row[eager] > ends[np.maximum(where, 0)]  # outlives the call that made it
         ctx.category[eager[buckets]] = Category.DDP_BUCKET
         ctx.node[eager[buckets]] = ctx.names("ddp:buckets")
+
+
+def _unsharded_gradients(ctx: LabelContext, pos: np.ndarray, in_backward: np.ndarray) -> None:
+    """Backward allocations outside FSDP's scopes that die inside `FSDP::post_backward_*`."""
+    post = _scopes(ctx, FSDP_POST_BACKWARD)
+    if not post or not len(pos):
+        return
+    free_row = ctx.free_row[pos]
+    freed = free_row < len(ctx.raw)
+    free_thread = np.where(freed, ctx.raw["thread"][np.minimum(free_row, len(ctx.raw) - 1)], -1).astype(np.int64)
+    in_fsdp = inside(ctx.tl.rows[pos], ctx.thread[pos], _scopes(ctx, "FSDP::")) >= 0
+    grads = freed & (inside(free_row, free_thread, post) >= 0) & in_backward[pos] & ~in_fsdp
+    ctx.category[pos[grads]] = Category.UNSHARDED_GRADIENT

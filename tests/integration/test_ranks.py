@@ -168,11 +168,30 @@ def _children(pid: int) -> list[int]:
 FSDP2 = """\
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 
 dist.init_process_group("gloo")
 torch.manual_seed(0)
-model = torch.nn.Sequential(*[torch.nn.Linear(128, 128) for _ in range(4)])
+
+
+# compiled inside each FSDP2 unit: on the CPU, torch 2.13 compiles nothing of fully_shard modules given
+# to torch.compile(model) or module.compile() (Dynamo's counters stay empty, without memprof too)
+@torch.compile
+def block(x, w, b):
+    return F.gelu(F.linear(x, w, b))
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(128, 128)
+
+    def forward(self, x):
+        return block(x, self.lin.weight, self.lin.bias)
+
+
+model = torch.nn.Sequential(*[Block() for _ in range(4)])
 for layer in model:
     fully_shard(layer)
 fully_shard(model)
@@ -219,8 +238,12 @@ def test_fsdp2_ranks_hold_and_name_their_shards(tmp_path: Path) -> None:
             # gloo's work objects may release a collective's buffer (one layer's) only after the step
             assert at_end.get("all_gather", 0) in (0, layer) and at_end.get("reduce_scatter", 0) in (0, layer), at_end
             assert at_end["parameter"] == 4 * layer // 2
-        by_node = {row.key for row in cap.attribution(by="node")}
+        by_node = {row.key: row.bytes for row in cap.attribution(by="node")}
+        assert sum(by_node.values()) == cap.peak("cpu")
         assert any(k.startswith("fsdp:FSDP::all_gather_copy_out (") for k in by_node), by_node
+        assert "optimizer_state:0.lin.weight.exp_avg" in by_node  # named from the module, not param_groups
+        # the compiled blocks: a forward/backward pair recorded, every call joined buffer by buffer
+        assert cap.plans and {c.level for c in cap.labels().calls} == {"buffer"}
 
 
 SWEEP_DDP = DDP.replace("torch.randn(32 * (rank + 1), 64)", "torch.randn(512 * (rank + 1), 64)")
