@@ -55,11 +55,11 @@ class _Stop(BaseException):
 
 class DeviceTurn:
     """The device taken in turns by the processes of one sweep: each process's compiles run in
-    parallel, but from its first run of a compiled graph to its exit it holds an exclusive lock on
-    `path`, so only one process at a time holds the device's memory (a sweep of a model that fills
-    the device, after an OOM, would otherwise run out of memory in its predictions). Held to the
-    exit, not to the script's end: the caching allocator keeps what the forward reserved, and the
-    estimates' kernel probes run after the script. The lock goes with the process, however it ends."""
+    parallel, but from its first run of a compiled graph to the script's end it holds an exclusive
+    lock on `path`, so only one forward at a time holds the device's memory (a sweep of a model that
+    fills the device, after an OOM, would otherwise run out of memory in its predictions). Before the
+    lock is let go, what the script left is collected and the caching allocator gives its cached
+    blocks back to the device. The lock goes with the process, however it ends."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
@@ -70,8 +70,21 @@ class DeviceTurn:
             return
         import fcntl
 
-        self._file = open(self.path, "a")  # noqa: SIM115 (open until the process exits)
+        self._file = open(self.path, "a")  # noqa: SIM115 (open until release or the process's exit)
         fcntl.flock(self._file, fcntl.LOCK_EX)
+
+    def release(self) -> None:
+        if self._file is None:
+            return
+        import gc
+
+        import torch
+
+        gc.collect()  # the script's tensors in reference cycles
+        if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            torch.cuda.empty_cache()
+        self._file.close()  # closing the file lets the lock go
+        self._file = None
 
 
 @dataclass
@@ -139,7 +152,9 @@ def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str 
         if sharing:  # (with no stage to share, one budget alone still runs, its compile timed as a whole)
             share_joint_graph(patches, book, first, others)
         lazy_kernels(patches, book.kernels)
-        eager_runs(patches, book.eager, notes.append, DeviceTurn(device_lock))
+        turn = DeviceTurn(device_lock)
+        undo.callback(turn.release)  # after the script (ExitStack: last in, first out)
+        eager_runs(patches, book.eager, notes.append, turn)
         stop_at_backward(patches, _Stop)
         result = run_script(script, args, stop=_Stop)
     total = time.perf_counter() - t0

@@ -85,7 +85,8 @@ def test_the_next_step_names_a_sweep_that_fits_the_device() -> None:
 
 
 def test_predicting_processes_take_the_device_in_turns(tmp_path: Path) -> None:
-    """DeviceTurn: from its first call to the exit of its process, no other process gets the lock."""
+    """DeviceTurn: from its first call to its release (or its process's exit), no other process
+    gets the lock."""
     import subprocess
     import sys
 
@@ -94,7 +95,8 @@ def test_predicting_processes_take_the_device_in_turns(tmp_path: Path) -> None:
              "try:\n    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\nexcept BlockingIOError:\n    sys.exit(3)\n")
     holder = ("import sys; from pathlib import Path; from memprof.sweep.predict import DeviceTurn\n"
               "t = DeviceTurn(Path(sys.argv[1])); t(); t(); DeviceTurn(None)(); print('held', flush=True)\n"
-              "sys.stdin.readline()\n")
+              "sys.stdin.readline(); t.release(); t.release(); print('released', flush=True)\n"
+              "sys.stdin.readline(); t(); print('held', flush=True); sys.stdin.readline()\n")
 
     def other_gets_it() -> bool:
         rc = subprocess.run([sys.executable, "-c", probe, str(lock)]).returncode
@@ -106,6 +108,14 @@ def test_predicting_processes_take_the_device_in_turns(tmp_path: Path) -> None:
     assert p.stdout is not None and p.stdin is not None
     assert p.stdout.readline().strip() == "held"
     assert not other_gets_it()
-    p.stdin.close()
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "released"
+    assert other_gets_it()
+    p.stdin.write("\n")
+    p.stdin.flush()
+    assert p.stdout.readline().strip() == "held"  # taken again
+    assert not other_gets_it()
+    p.stdin.close()  # the process ends holding it: the lock goes with it
     assert p.wait(timeout=60) == 0
     assert other_gets_it()
