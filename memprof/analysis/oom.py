@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 # above this share of the device
 FRAGMENTATION_SHARE = 0.05
 OUTSIDE_SHARE = 0.05  # memory outside PyTorch worth naming, as a share of the device
+ACTIVATIONS = ("saved_activation", "recomputed", "rng_mask")  # the categories another budget trades
 # the budgets the next step's sweep predicts: 0 to 1, since a lower budget can peak higher than a
 # higher one (the partitioner's knapsack), finer where budgets usually matter
-ACTIVATIONS = ("saved_activation", "recomputed", "rng_mask")  # the categories another budget trades
 SWEEP_BUDGETS = (0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.5, 1.0)
 
 

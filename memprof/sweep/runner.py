@@ -174,10 +174,9 @@ def _collect_ranks(out: Path, variant: str, budget: float, label: str, measure_p
                      timeout, wall) for r in range(nproc)]
     peaks = [r.step_peak for r in runs]
     failed = next((r for r in runs if not r.ok), None)
-    ranked = dataclasses.replace(runs[0], rank_peaks=peaks)
-    top = ranked.highest_rank
-    chosen = failed if failed is not None else runs[top if top is not None else 0]
-    return dataclasses.replace(chosen, rank_peaks=peaks)
+    # the highest rank, the lowest on a tie (as Run.highest_rank)
+    top = max(range(nproc), key=lambda i: (-1 if peaks[i] is None else peaks[i], -i))
+    return dataclasses.replace(failed if failed is not None else runs[top], rank_peaks=peaks)
 
 
 def _collect(out: Path, variant: str, budget: float, label: str, measure_path: Path, log_name: str, rc: int | None,
