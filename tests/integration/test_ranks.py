@@ -52,13 +52,7 @@ def test_torchrun_writes_a_capture_per_rank_and_one_merged_report(tmp_path: Path
         run_ids = {c.meta["distributed"]["run_id"] for c in caps}
         assert len(run_ids) == 1 and None not in run_ids
         assert sum(row.bytes for row in cap.attribution(by="category")) == cap.peak("cpu")
-        assert cap.plans and {c.level for c in cap.labels().calls} == {"buffer"}
-        # the compiled backward's weight and bias gradients, unsharded until reduce-scattered: 4 layers, 3 steps
-        from memprof.analysis.labels import Category
-
-        labels, tl = cap.labels("cpu"), cap.timeline("cpu")
-        made = tl.delta[(labels.category == Category.UNSHARDED_GRADIENT) & tl.is_alloc].tolist()
-        assert sorted(set(made)) == [128 * 4, 128 * 128 * 4] and len(made) == 4 * 3 * 2, made  # joined to the FX nodes
+        assert cap.plans and {c.level for c in cap.labels().calls} == {"buffer"}  # joined to the FX nodes
         assert sum(row.bytes for row in cap.attribution(by="node")) == cap.peak("cpu")
         # DDP's reducer keeps one bucket (under its 25 MB cap) as large as the gradients, all along
         params = (64 * 256 + 256 + 256 * 64 + 64) * 4
