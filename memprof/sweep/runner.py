@@ -167,13 +167,19 @@ def _run_group(pool: _Pool, out: Path, script: str, args: Sequence[str], variant
 def _collect_ranks(out: Path, variant: str, budget: float, label: str, measure_path: Path, log_name: str,
                    rc: int | None, status: str | None, timeout: float | None, wall: float, nproc: int) -> Run:
     """One budget's Run from a torchrun job's ranks: the highest rank's measurement and capture, every
-    rank's step peak, and the first rank that did not complete, if one did not."""
+    rank's step peak; where a rank did not complete, the one that failed first (its result written
+    first: the others' errors are often the lost connection to it)."""
     from memprof.ranks import rank_path
 
-    runs = [_collect(out, variant, budget, f"{label}.rank{r}", rank_path(measure_path, r), log_name, rc, status,
-                     timeout, wall) for r in range(nproc)]
+    paths = [rank_path(measure_path, r) for r in range(nproc)]
+    runs = [_collect(out, variant, budget, f"{label}.rank{r}", paths[r], log_name, rc, status, timeout, wall)
+            for r in range(nproc)]
     peaks = [r.step_peak for r in runs]
-    failed = next((r for r in runs if not r.ok), None)
+
+    def written(r: int) -> int:
+        return paths[r].stat().st_mtime_ns if paths[r].exists() else 1 << 62
+
+    failed = next((runs[r] for r in sorted(range(nproc), key=written) if not runs[r].ok), None)
     # the highest rank, the lowest on a tie (as Run.highest_rank)
     top = max(range(nproc), key=lambda i: (-1 if peaks[i] is None else peaks[i], -i))
     return dataclasses.replace(failed if failed is not None else runs[top], rank_peaks=peaks)

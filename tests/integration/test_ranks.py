@@ -258,7 +258,7 @@ SWEEP_DDP = DDP.replace("torch.randn(32 * (rank + 1), 64)", "torch.randn(512 * (
 def test_sweep_runs_each_budget_as_a_torchrun_job(tmp_path: Path) -> None:
     """`memprof sweep --nproc 2`: each budget a torchrun job; its step peak is the highest rank's (rank
     1 works on twice the batch), every rank's is kept, and the table shows the highest rank and the
-    spread. `--predict` with `--nproc` is one line."""
+    spread. `--predict` with `--nproc` is one line; a rank that fails is the one the budget reports."""
     from memprof.sweep import load_sweep
 
     (tmp_path / "ddp.py").write_text(SWEEP_DDP)
@@ -278,3 +278,10 @@ def test_sweep_runs_each_budget_as_a_torchrun_job(tmp_path: Path) -> None:
     assert "stock highest rank" in res.stdout and "stock rank spread MB" in res.stdout
     bad = invoke_memprof("sweep", "ddp.py", "--budgets", "0.5", "--nproc", "2", "--predict", cwd=tmp_path)
     assert bad.returncode != 0 and "--predict does not take --nproc" in one_line_error(bad)
+    # one rank fails: the budget says why (rank 0's own error is only the connection rank 1 dropped)
+    fails = "    opt.step()\n    if rank == 1 and step == 1:\n        raise RuntimeError('rank 1 fails')\n"
+    (tmp_path / "fail.py").write_text(SWEEP_DDP.replace("    opt.step()\n", fails))
+    invoke_memprof("sweep", "fail.py", "--budgets", "1.0", "--nproc", "2", "-o", "swf", "--no-plot", cwd=tmp_path)
+    (run,) = load_sweep(tmp_path / "swf").runs
+    assert run.status == "exception" and "rank 1 fails" in (run.error or ""), (run.status, run.error)
+    assert run.capture == "stock_1.000.rank1.memprof"
