@@ -220,8 +220,8 @@ def _apply_known(ctx: LabelContext, tensors: Sequence[KnownTensor], alloc_pos: n
             continue
         pos = alloc_pos[a]
         cat = CATEGORY_OF_KNOWN.get(category)
-        if cat is None:
-            continue
+        if cat is None or (cat == Category.GRADIENT and ctx.category[pos] == Category.DDP_BUCKET):
+            continue  # (gradients as views into DDP's bucket, gradient_as_bucket_view: the block stays the bucket)
         ctx.set(pos, cat, f"{category}:{name}", known_layer(name), ctx.names.names[ctx.kernel[pos]])
 
 

@@ -112,6 +112,23 @@ def test_torchrun_writes_a_capture_per_rank_and_one_merged_report(tmp_path: Path
     assert "the run had 2 ranks but the files of rank 1 are missing (expected run.rank1.memprof)" in line
 
 
+def test_ddp_gradients_as_bucket_views_are_the_bucket(tmp_path: Path) -> None:
+    """With `gradient_as_bucket_view=True` the gradients are views into DDP's bucket: the bucket's block
+    stays `ddp_bucket` (not the first gradient's name for the whole bucket), and each rank sums exactly."""
+    script = DDP.replace("torch.nn.Linear(256, 64))))", "torch.nn.Linear(256, 64))), gradient_as_bucket_view=True)")
+    assert script != DDP
+    (tmp_path / "ddp.py").write_text(script)
+    res = _torchrun(tmp_path, "run.memprof")
+    assert res.returncode == 0, res.stderr[-3000:]
+    params = (64 * 256 + 256 + 256 * 64 + 64) * 4
+    for r in (0, 1):
+        cap = memprof.load(tmp_path / f"run.rank{r}.memprof")
+        rows = {row.key: row.bytes for row in cap.attribution(by="node")}
+        assert sum(rows.values()) == cap.peak("cpu")
+        assert rows.get("ddp:buckets", 0) >= params, rows
+        assert not any(k.startswith("gradient:") and b >= params for k, b in rows.items()), rows
+
+
 def test_a_rank_killed_mid_run_leaves_every_rank_capture(tmp_path: Path) -> None:
     """`kill -9` of one rank: torchrun stops the other, whose capture is saved and says why it ended;
     the killed rank's is recovered from its spill; the merged report shows both."""
