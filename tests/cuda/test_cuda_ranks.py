@@ -1,5 +1,5 @@
 """Per-rank capture on one GPU (pytest -m cuda): torchrun with NCCL, a compiled FSDP2 model, world
-size 1. The two-GPU run is tests' and benchmarks' next step (issue 21)."""
+size 1 (the two-GPU run needs a machine with two)."""
 
 from __future__ import annotations
 
