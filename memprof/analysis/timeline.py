@@ -268,9 +268,11 @@ def mark_windows(raw: np.ndarray, strings: Sequence[str], start: str, stop: str)
     """(thread, start row, stop row, start mark's string id) of each pair of `start` and `stop`
     marks (Kind.MARK) on one thread, in the interval form of `scopes.inside`; sorted by thread, then row."""
     start_ids = [i for i, s in enumerate(strings) if s == start]
+    if not start_ids:  # never marked: no pass over the events
+        return []
     stop_ids = [i for i, s in enumerate(strings) if s == stop]
     marks = np.flatnonzero(raw["kind"] == Kind.MARK)
-    if not start_ids or len(marks) == 0:
+    if len(marks) == 0:
         return []
     ids = raw["scope"][marks]
     is_start, is_stop = np.isin(ids, start_ids), np.isin(ids, stop_ids)

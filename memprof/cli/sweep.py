@@ -56,12 +56,11 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     from memprof.runner import check_script
     from memprof.sweep import parse_budgets, prepare_dir, run_sweep
     from memprof.sweep.result import Run, run_value
+    from memprof.sweep.runner import check_nproc
     from memprof.sweep.table import render_findings, render_table
 
     budgets = parse_budgets(spec)
-    if predict and nproc > 1:
-        raise click.UsageError("--predict does not take --nproc: predictions compile one process per budget group "
-                               "(the sweep measures torchrun jobs only)")
+    check_nproc(predict, nproc)  # before the sweep directory is made
     path = check_script(script)
     out = Path(output) if output else Path(f"sweep_{path.stem}")
     prepare_dir(out, force, path)

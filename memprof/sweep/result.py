@@ -34,8 +34,7 @@ class Run:
 
     @property
     def highest_rank(self) -> int | None:
-        peaks = [(p, -r) for r, p in enumerate(self.rank_peaks or []) if p is not None]
-        return -max(peaks)[1] if peaks else None
+        return highest_rank(self.rank_peaks or [])
 
     @property
     def rank_spread(self) -> int | None:
@@ -59,6 +58,12 @@ class Run:
     def from_json(d: dict[str, Any]) -> Run:
         m = d.get("measured")
         return Run(**{**d, "measured": Measured.from_json(m) if isinstance(m, dict) else None})
+
+
+def highest_rank(peaks: list[int | None]) -> int | None:
+    """The rank with the highest step peak, the lowest rank on a tie; None when no rank has one."""
+    known = [(p, -r) for r, p in enumerate(peaks) if p is not None]
+    return -max(known)[1] if known else None
 
 
 def run_estimate(run: Run | None, name: str) -> float | None:

@@ -26,7 +26,7 @@ from typing import Any
 from memprof.errors import MemprofError, one_line
 from memprof.spill import spill_path
 from memprof.sweep.measure import ChildResult, Measured
-from memprof.sweep.result import Run, Sweep
+from memprof.sweep.result import Run, Sweep, highest_rank
 from memprof.sweep.spec import budget_label
 
 Progress = Callable[[Run], None]
@@ -180,9 +180,7 @@ def _collect_ranks(out: Path, variant: str, budget: float, label: str, measure_p
         return paths[r].stat().st_mtime_ns if paths[r].exists() else 1 << 62
 
     failed = next((runs[r] for r in sorted(range(nproc), key=written) if not runs[r].ok), None)
-    # the highest rank, the lowest on a tie (as Run.highest_rank)
-    top = max(range(nproc), key=lambda i: (-1 if peaks[i] is None else peaks[i], -i))
-    return dataclasses.replace(failed if failed is not None else runs[top], rank_peaks=peaks)
+    return dataclasses.replace(failed if failed is not None else runs[highest_rank(peaks) or 0], rank_peaks=peaks)
 
 
 def _collect(out: Path, variant: str, budget: float, label: str, measure_path: Path, log_name: str, rc: int | None,
@@ -256,6 +254,12 @@ def group_tasks(budgets: Sequence[float], variants: Sequence[str], jobs: int, sh
     return groups
 
 
+def check_nproc(predict: bool, nproc: int) -> None:
+    if predict and nproc > 1:
+        raise MemprofError("--predict does not take --nproc: predictions compile one process per budget group "
+                           "(the sweep measures torchrun jobs only)")
+
+
 def out_of_device_memory(run: Run) -> bool:
     """A run that failed for want of device memory (an OOM, or a library's allocation failing)."""
     return run.status == "oom" or "CUBLAS_STATUS_ALLOC_FAILED" in (run.error or "")
@@ -299,9 +303,7 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
               noise: dict[str, float] | None = None, nproc: int = 1) -> Sweep:
     """Measure (or, with `predict`, only compile and estimate) every (variant, budget) in its own
     process; returns the sweep (also saved to out/sweep.json)."""
-    if predict and nproc > 1:
-        raise MemprofError("--predict compiles in one process per budget group: run it without --nproc "
-                           "(the sweep measures torchrun jobs only)")
+    check_nproc(predict, nproc)
     sweep = Sweep(command=[script, *args], budgets=list(budgets), variants=list(variants), runs=[],
                   mode="predict" if predict else "measure", nproc=nproc)
     if noise is not None:
