@@ -74,7 +74,7 @@ def _unsharded_gradients(ctx: LabelContext, pos: np.ndarray, in_backward: np.nda
         return
     free_row = ctx.free_row[pos]
     freed = free_row < len(ctx.raw)
-    free_thread = np.where(freed, ctx.raw["thread"][np.minimum(free_row, len(ctx.raw) - 1)], -1).astype(np.int64)
+    free_thread = np.where(freed, ctx.raw["thread"][np.minimum(free_row, len(ctx.raw) - 1)].astype(np.int64), -1)
     in_fsdp = inside(ctx.tl.rows[pos], ctx.thread[pos], _scopes(ctx, "FSDP::")) >= 0
     grads = freed & (inside(free_row, free_thread, post) >= 0) & in_backward[pos] & ~in_fsdp
     ctx.category[pos[grads]] = Category.UNSHARDED_GRADIENT
