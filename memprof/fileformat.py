@@ -13,7 +13,6 @@ memprof capture is refused with a one-line CaptureFileError.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import zipfile
@@ -48,13 +47,14 @@ def save(cap: Parts, path: Path) -> Path:
     """Write a capture's parts to `path` atomically (a temporary file renamed into place,
     `outputs.atomic_write`)."""
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **cap.meta}
-    events = io.BytesIO()
-    np.save(events, np.ascontiguousarray(cap.raw), allow_pickle=False)
+    raw = np.ascontiguousarray(cap.raw)
 
     def write(fh: IO[bytes]) -> None:
         with zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
             zf.writestr("meta.json", json.dumps(meta, indent=1, default=str))
-            zf.writestr("events.npy", events.getvalue())
+            # streamed into the member in numpy's chunks: no second copy of the events in memory
+            with zf.open("events.npy", "w", force_zip64=True) as member:
+                np.lib.format.write_array(member, raw, allow_pickle=False)
             zf.writestr("strings.json", json.dumps(cap.strings))
             zf.writestr("threads.json", json.dumps(cap.threads))
             zf.writestr("plans.json", json.dumps({

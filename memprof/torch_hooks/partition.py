@@ -9,15 +9,17 @@ features are active, and removes itself when the last one ends (in any order). T
   (`Transforming`: `memprof.remat.partitioner(...)`, `memprof.remat.partition_fn(...)`), which
   applies its pass itself;
 - tells every observer (`observing`) what was partitioned, also when the partitioner failed;
-- keeps Inductor's caches from skipping it: AOTAutograd's cache (a hit skips partitioning) is off
-  while any observer or transform is active. Inductor's FX graph cache (a hit skips code
-  generation) is off while an observer that cannot do without code generation is active
-  (`observing(fx_cache=False)`: its `uuid()` is then None); an observer that keeps its own record
-  of what a hit skips (the capture's plan recorder, `memprof.graph_store`) leaves it on, with keys
-  of memprof's own (its `uuid()` names memprof's source), so every hit is a graph memprof saw
-  compiled. With only a transform, the key names the transform and memprof's source. Every other
-  cache stays as the user has it: compiled kernels (C++, Triton) come from their caches, and
-  Dynamo's profile-guided dynamism behaves as without memprof.
+- keeps Inductor's caches from skipping it unseen. AOTAutograd's cache (a hit skips tracing the
+  joint graph and partitioning it) and Inductor's FX graph cache (a hit skips code generation) are
+  off while an observer that cannot do without them is active (`observing(keeper=None)`: the
+  chain's `uuid()` is then None). An observer that keeps its own record of what a hit skips (the
+  capture's plan recorder, `memprof.graph_store`; `observing(keeper=...)`) leaves both on, with
+  keys of memprof's own (the `uuid()` names memprof's source, and AOTAutograd's key includes it),
+  so every hit is a graph memprof saw compiled; an AOTAutograd hit that a keeper has no record of
+  is turned into a miss, so the graph compiles again and is recorded. A transform turns
+  AOTAutograd's cache off; with only a transform, the FX graph key names the transform and
+  memprof's source. Every other cache stays as the user has it: compiled kernels (C++, Triton) come
+  from their caches, and Dynamo's profile-guided dynamism behaves as without memprof.
 """
 
 from __future__ import annotations
@@ -42,6 +44,24 @@ class Transforming:
     once, in their own mode) and only observes."""
 
 
+GraphKeys = tuple[str | None, str | None]  # the FX graph cache keys of a pair's forward and backward
+
+
+class RecordKeeper(Protocol):
+    """Keeps its own record of what an AOTAutograd cache hit skips, under the cache's key."""
+
+    def cache_saved(self, key: str, graphs: GraphKeys) -> None:
+        """AOTAutograd saved the pair compiled as `graphs` under `key`. Never raises."""
+
+    def cache_hit(self, key: str, graphs: GraphKeys) -> Callable[[], None] | None:
+        """AOTAutograd found `key`: the call that records the hit from the keeper's own record, or
+        None when it has none (the hit is then turned into a miss). Never raises."""
+
+    def graph_hit(self, key: str) -> bool:
+        """Inductor's FX graph cache found `key`: whether the keeper has its record (if not, the hit
+        is turned into a miss). Never raises."""
+
+
 class PartitionObserver(Protocol):
     def partition_started(self, joint: Any) -> Any:
         """Called before a partition; the value returned goes to `partition_done`. Never raises."""
@@ -53,7 +73,8 @@ class PartitionObserver(Protocol):
 
 _lock = threading.RLock()
 _observers: list[PartitionObserver] = []
-_uncached: list[PartitionObserver] = []  # observers that need Inductor's FX graph cache off
+_uncached: list[PartitionObserver] = []  # observers that need both compile caches off
+_keepers: list[RecordKeeper] = []
 _transforms: list[tuple[str, Transform]] = []  # (cache salt, transform), innermost last
 _patches: Patches | None = None
 _cache_defaults: dict[str, bool] = {}
@@ -160,13 +181,109 @@ def _aot_call(original: Callable[..., Any]) -> Callable[..., Any]:
     return call
 
 
+def _entry_graphs(entry: Any) -> GraphKeys:
+    """The FX graph cache keys of an AOTAutograd cache entry's forward and backward (the field
+    moved between torch versions; a bundled entry carries the compiled graph itself)."""
+    def key(part: Any) -> str | None:
+        info = getattr(part, "fx_graph_cache_info", None)
+        if isinstance(info, tuple) and info and isinstance(info[0], str):
+            return info[0]
+        found = getattr(part, "fx_graph_cache_key", None) or getattr(getattr(part, "result", None),
+                                                                     "_fx_graph_cache_key", None)
+        return found if isinstance(found, str) else None
+
+    return key(getattr(entry, "compiled_fw", None)), key(getattr(entry, "compiled_bw", None))
+
+
+_pending = threading.local()  # the keepers' records of the hit `try_load` is loading on this thread
+
+
+def _aot_lookup(original: Callable[..., Any]) -> Callable[..., Any]:
+    def lookup(key: str, *args: Any, **kwargs: Any) -> Any:
+        result = original(key, *args, **kwargs)
+        if result is None:
+            return None
+        with _lock:
+            keepers = list(_keepers)
+        graphs = _entry_graphs(result[0] if isinstance(result, tuple) else result)
+        replays = [k.cache_hit(key, graphs) for k in keepers]
+        if any(r is None for r in replays):
+            return None  # a hit memprof has no record of: compiled again, and recorded
+        _pending.replays = replays
+        return result
+
+    return lookup
+
+
+def _aot_try_load(original: Callable[..., Any]) -> Callable[..., Any]:
+    """Record a hit only once it loaded: its FX graphs can still miss, and then it compiles."""
+    def try_load(*args: Any, **kwargs: Any) -> Any:
+        outer, _pending.replays = getattr(_pending, "replays", None), None
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            replays, _pending.replays = _pending.replays, outer
+        if (result[0] if isinstance(result, tuple) else result) is not None:
+            for replay in replays or ():
+                replay()
+        return result
+
+    return try_load
+
+
+def _aot_save(original: Callable[..., Any]) -> Callable[..., Any]:
+    def save(key: str, entry: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(key, entry, *args, **kwargs)
+        with _lock:
+            keepers = list(_keepers)
+        for k in keepers:
+            k.cache_saved(key, _entry_graphs(entry))
+        return result
+
+    return save
+
+
+def _fx_lookup(original: Callable[..., Any]) -> Callable[..., Any]:
+    def lookup(key: str, *args: Any, **kwargs: Any) -> Any:
+        graph, info = original(key, *args, **kwargs)
+        with _lock:
+            keepers = list(_keepers)
+        if graph is not None and not all(k.graph_hit(key) for k in keepers):
+            return None, info  # a graph memprof has no record of: compiled again, and recorded
+        return graph, info
+
+    return lookup
+
+
+_AOT_CACHE = "torch._functorch._aot_autograd.autograd_cache"
+_caches_hooked = False  # the caches' lookups and saves reach the keepers
+
 _CACHE_FLAGS = (("torch._inductor.config", "fx_graph_cache"),
                 ("torch._functorch.config", "enable_autograd_cache"))
 
 
+def _hook_caches(patches: Patches) -> bool:
+    """Route AOTAutograd's cache lookups and saves, and the FX graph cache's lookups, through the
+    keepers; False where this torch's caches are not the ones memprof knows (AOTAutograd's then
+    stays off while anything observes)."""
+    try:
+        from torch._functorch._aot_autograd.autograd_cache import AOTAutogradCache
+        from torch._inductor.codecache import FxGraphCache
+
+        lookup, save, load = AOTAutogradCache._lookup, AOTAutogradCache.save, AOTAutogradCache.try_load
+        fx_lookup = FxGraphCache._lookup_graph
+    except (ImportError, AttributeError):
+        return False
+    patches.set("torch._inductor.codecache", "FxGraphCache._lookup_graph", staticmethod(_fx_lookup(fx_lookup)))
+    patches.set(_AOT_CACHE, "AOTAutogradCache._lookup", staticmethod(_aot_lookup(lookup)))
+    patches.set(_AOT_CACHE, "AOTAutogradCache.try_load", staticmethod(_aot_try_load(load)))
+    patches.set(_AOT_CACHE, "AOTAutogradCache.save", staticmethod(_aot_save(save)))
+    return True
+
+
 def _refresh() -> None:
     """Install the chain for the first user, remove it after the last; set the cache flags."""
-    global _patches
+    global _patches, _caches_hooked
     if (_observers or _transforms) and _patches is None:
         import torch._inductor.config as inductor_config
         from torch._dynamo.backends.common import AotAutograd
@@ -176,6 +293,7 @@ def _refresh() -> None:
             patches.set("torch._inductor.config", "custom_partitioner_fn",
                         _inductor_class()(inductor_config.custom_partitioner_fn))
             patches.set("torch._dynamo.backends.common", "AotAutograd.__call__", _aot_call(AotAutograd.__call__))
+            _caches_hooked = _hook_caches(patches)
             for module, name in _CACHE_FLAGS:
                 obj, attr = resolve(module, name)
                 _cache_defaults[name] = bool(getattr(obj, attr))
@@ -190,7 +308,8 @@ def _refresh() -> None:
         return
     if _patches is not None:
         wanted = {"fx_graph_cache": _cache_defaults["fx_graph_cache"] and not _uncached,
-                  "enable_autograd_cache": _cache_defaults["enable_autograd_cache"] and not (_observers or _transforms)}
+                  "enable_autograd_cache": _cache_defaults["enable_autograd_cache"] and not _uncached
+                  and not _transforms and (_caches_hooked or not _observers)}
         for module, name in _CACHE_FLAGS:
             obj, attr = resolve(module, name)
             setattr(obj, attr, wanted[name])
@@ -214,10 +333,12 @@ def _joined(items: list[Any], item: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def observing(observer: PartitionObserver, fx_cache: bool = False) -> Iterator[None]:
-    """Within: `observer` sees every partition (AOTAutograd's cache is off; Inductor's FX graph cache
-    too unless `fx_cache`: the observer keeps what a hit skips)."""
-    with _joined(_observers, observer), (contextlib.nullcontext() if fx_cache else _joined(_uncached, observer)):
+def observing(observer: PartitionObserver, keeper: RecordKeeper | None = None) -> Iterator[None]:
+    """Within: `observer` sees every partition. With a `keeper` (which keeps what a cache hit
+    skips) AOTAutograd's and Inductor's FX graph caches stay on; without one both are off."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(_joined(_uncached if keeper is None else _keepers, observer if keeper is None else keeper))
+        stack.enter_context(_joined(_observers, observer))
         yield
 
 

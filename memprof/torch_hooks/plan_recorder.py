@@ -12,6 +12,7 @@ compile: an internal error is recorded as a note.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import itertools
 import os
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memprof.errors import one_line
-from memprof.graph_store import GraphRecord, GraphStore
+from memprof.graph_store import GraphRecord, GraphStore, PairRecord
 from memprof.plans import CompiledGraph, FxGraph, FxNode, KnownTensor, Plan, RecomputedNode, prune_known
 from memprof.torch_hooks import inductor, partition
 from memprof.torch_hooks.fx import call_spec, is_random_node, node_module_path, value_info
@@ -123,8 +124,9 @@ class PlanRecorder:
     def __init__(self, now_ns: Callable[[], int], note: Callable[[str], None],
                  knapsack_evaluator: bool = False, fx_cache: bool = False) -> None:
         self.now_ns = now_ns
-        # `fx_cache`: Inductor's FX graph cache stays on (memprof's own entries, `partition.observing`)
-        # and `store` keeps what a hit skips, beside that cache; otherwise the cache is off while recording
+        # `fx_cache`: AOTAutograd's and Inductor's FX graph caches stay on (memprof's own entries,
+        # `partition.observing`) and `store` keeps what a hit skips, beside Inductor's cache; otherwise
+        # both are off while recording
         self.fx_cache = fx_cache
         self.store: GraphStore | None = None
         self.note = note
@@ -151,7 +153,7 @@ class PlanRecorder:
             try:
                 self.store = GraphStore(inductor.cache_root() / "memprof")
             except Exception as exc:  # no cache directory: recorded with the FX graph cache off
-                self.error(f"no store beside Inductor's cache ({one_line(exc)}); its FX graph cache is off")
+                self.error(f"no store beside Inductor's cache ({one_line(exc)}); the compile caches are off")
         patches = self._hooks.enter_context(Patches())
         if self.knapsack_evaluator:
             try:
@@ -163,7 +165,7 @@ class PlanRecorder:
         except Exception as exc:  # an unexpected torch version: capture without plans
             self.error(f"Inductor hooks unavailable ({one_line(exc)}); no compile plans")
         try:
-            self._hooks.enter_context(partition.observing(self, fx_cache=self.store is not None))
+            self._hooks.enter_context(partition.observing(self, keeper=self if self.store is not None else None))
         except Exception as exc:
             self.error(f"partitioner hook unavailable ({one_line(exc)}); no compile plans")
 
@@ -214,6 +216,39 @@ class PlanRecorder:
             self.record_modules()
         except Exception as exc:
             self.error(f"a compile plan was not recorded ({one_line(exc)})")
+
+    # -- AOTAutograd's cache (partition.RecordKeeper) -------------------------------------
+    def cache_saved(self, key: str, graphs: partition.GraphKeys) -> None:
+        """Keep the pair AOTAutograd saved: its plan and compiled graphs, as recorded at its compile."""
+        fw_key, bw_key = graphs
+        first = next((g for g in reversed(self.graphs) if g.key == fw_key and g.role != "backward"), None)
+        second = next((g for g in reversed(self.graphs) if g.key == bw_key and g.role == "backward"), None)
+        if self.store is None or first is None or (bw_key is not None and second is None):
+            return  # not seen compiled here: a later hit on `key` is compiled again
+        plan = next((p for p in self.plans if p.index == first.plan), None)
+        try:
+            self.store.put_pair(key, PairRecord(plan, [first] + ([second] if second is not None else [])))
+        except Exception as exc:
+            self.error(f"a compiled pair was not kept for AOTAutograd's cache ({one_line(exc)})")
+
+    def cache_hit(self, key: str, graphs: partition.GraphKeys) -> Callable[[], None] | None:
+        """AOTAutograd found `key`: record the pair from memprof's record of it, if it matches."""
+        record = self.store.get_pair(key) if self.store is not None else None
+        if record is None or [g.key for g in record.graphs] != [k for k in graphs if k is not None]:
+            return None
+
+        def replay() -> None:
+            index: int | None = None
+            if record.plan is not None:
+                index = len(self.plans)
+                self.plans.append(dataclasses.replace(record.plan, index=index))
+                self.record_modules()
+            self.graphs.extend(dataclasses.replace(g, plan=index, graph_id=None) for g in record.graphs)
+
+        return replay
+
+    def graph_hit(self, key: str) -> bool:
+        return self.store is not None and self.store.get(key) is not None
 
     # -- Inductor (inductor.GraphSink) --------------------------------------------------
     def graph_compiled(self, result: Any, kwargs: dict[str, Any], origins: list[dict[str, list[str]]],
