@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from memprof import fileformat
-from memprof._events import KIND_NAMES, Kind, device_name
+from memprof._events import KIND_NAMES, SEGMENT_KINDS, Kind, device_name
 from memprof.analysis.scopes import ScopeIndex
 from memprof.analysis.timeline import (
     StepStat,
@@ -147,11 +147,15 @@ class Capture:
 
     @property
     def devices(self) -> list[str]:
-        """Devices with allocations or a baseline, CPU first."""
+        """Devices in use: with allocations, segments, an OOM or bytes at the start; CPU first."""
         raw = self.raw
-        mem = np.isin(raw["kind"], [Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED])
+        mem = np.isin(raw["kind"], [Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED, Kind.OOM,
+                                    *SEGMENT_KINDS])
         pairs = {(int(t), int(i)) for t, i in zip(raw["device_type"][mem], raw["device_index"][mem], strict=True)}
-        names = {device_name(t, i) for t, i in pairs} | set(self.info.baselines)
+        # the CUDA tracker, attached once CUDA initializes, adds an empty baseline for every GPU: a GPU
+        # that CUDA initialized on and nothing was allocated on (a CPU model on a GPU machine) is not in use
+        names = {device_name(t, i) for t, i in pairs} | {
+            d for d, (allocated, reserved) in self.info.baselines.items() if allocated or reserved or d == "cpu"}
         return sorted(names, key=lambda d: (d != "cpu", d))
 
     @property

@@ -131,7 +131,7 @@ class Recorder:
                     self.plan_recorder.record_modules()
                 except Exception as exc:  # never fail the capture over names
                     self._note(f"modules not scanned at the start ({one_line(exc)})")
-            self.meta["plans"] = "recorded (AOTAutograd's cache off during the capture)"
+            self.meta["plans"] = "recorded"
         else:
             self.meta["plans"] = "off"
         # marks around every collection of Python's cyclic garbage collector (what it frees is told

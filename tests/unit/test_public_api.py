@@ -33,3 +33,17 @@ def test_the_readme_api(tmp_path: Path) -> None:
     assert callable(memprof.capture) and callable(memprof.step) and memprof.active() is False
     for name in ("enable", "partitioner", "partition_fn", "reports", "MODES"):
         assert hasattr(memprof.remat, name)
+
+
+def test_a_gpu_nothing_was_allocated_on_is_not_the_main_device() -> None:
+    """The CUDA tracker adds an empty baseline for each GPU when CUDA initializes; a CPU model traced
+    on a GPU machine is still reported, and attributed, on the CPU."""
+    cap = memprof.load(FIXTURE)
+    assert cap.main_device == "cpu"
+    meta = dict(cap.meta, baselines={**cap.meta["baselines"], "cuda:0": {"allocated": 0, "reserved": 0}})
+    on_gpu_machine = memprof.Capture(raw=cap.raw, strings=cap.strings, meta=meta, plans=cap.plans, graphs=cap.graphs,
+                                     tensors=cap.tensors)
+    assert on_gpu_machine.devices == ["cpu"] and on_gpu_machine.main_device == "cpu"
+    assert [c.level for c in on_gpu_machine.labels().calls] == [c.level for c in cap.labels().calls]
+    meta["baselines"]["cuda:0"] = {"allocated": 512, "reserved": 2 << 20}  # bytes there at the start: in use
+    assert memprof.Capture(raw=cap.raw, strings=cap.strings, meta=meta).devices == ["cpu", "cuda:0"]
