@@ -18,6 +18,7 @@ ring's start: the blocks live there (their carried events), then the ring's own 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import struct
@@ -29,7 +30,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, Kind, concat_events
+from memprof._events import EVENT_DTYPE, Kind
 from memprof._native import thread_table
 from memprof.errors import CaptureFileError, one_line
 from memprof.fileformat import Parts, checked, loads_json
@@ -194,14 +195,18 @@ class SpillWriter:
 
     def session_events(self) -> np.ndarray:
         """Every event of the session once it stopped: read back from the spill (the native store
-        freed those) and the rest from the store."""
+        freed those) and the rest from the store, each read once, into the array returned."""
         C = self.native
         if not C.released_events():
             return np.asarray(C.events()).view(EVENT_DTYPE)
-        head = _events(_records(self.path.read_bytes(), self.path))[: self.events]
-        count = int(C.event_count()) - len(head)
-        tail = np.asarray(C.events_range(len(head), count)).view(EVENT_DTYPE) if count > 0 else head[:0]
-        return concat_events(head, tail)
+        with open(self.path, "rb") as f:
+            parts = _event_parts(_index(f, self.path))
+            head = min(sum(n for _at, n in parts) // EVENT_DTYPE.itemsize, self.events)
+            out = np.empty(max(int(C.event_count()), head), dtype=EVENT_DTYPE)
+            _read_into(f, out, parts, head)
+        if len(out) > head:
+            out[head:] = np.asarray(C.events_range(head, len(out) - head)).view(EVENT_DTYPE)
+        return out
 
     def close(self) -> None:
         """Stop the thread, write what is left, close the file (it stays until the capture is saved)."""
@@ -211,42 +216,63 @@ class SpillWriter:
         os.close(self._fd)
 
 
-def _records(data: bytes, path: Path) -> list[tuple[bytes, bytes]]:
-    if not data.startswith(MAGIC):
+Record = tuple[bytes, int, int]  # type, payload offset, payload length
+
+
+def _index(f: io.BufferedReader, path: Path) -> list[Record]:
+    """The spill's records, up to the one a kill cut short (headers read, payloads skipped)."""
+    if f.read(len(MAGIC)) != MAGIC:
         raise CaptureFileError(f"{path}: not a memprof spill")
-    out, pos = [], len(MAGIC)
-    while pos + _HEAD.size <= len(data):
-        kind, length = _HEAD.unpack_from(data, pos)
-        if pos + _HEAD.size + length > len(data):
-            break  # the record the kill cut short
-        out.append((kind, data[pos + _HEAD.size : pos + _HEAD.size + length]))
-        pos += _HEAD.size + length
+    size, out = os.fstat(f.fileno()).st_size, []
+    while len(head := f.read(_HEAD.size)) == _HEAD.size:
+        kind, length = _HEAD.unpack(head)
+        at = f.tell()
+        if at + length > size:
+            break
+        out.append((kind, at, length))
+        f.seek(length, os.SEEK_CUR)
     return out
 
 
-def _events(records: list[tuple[bytes, bytes]]) -> np.ndarray:
-    """The events of a spill's E records, in order (a record's torn tail dropped)."""
+def _event_parts(records: list[Record]) -> list[tuple[int, int]]:
+    """The E records' payloads (offset, length), in order, each without a torn tail."""
     size = EVENT_DTYPE.itemsize
-    data = b"".join(p[: len(p) - len(p) % size] for kind, p in records if kind == b"E")
-    return np.frombuffer(data, dtype=EVENT_DTYPE).copy()
+    return [(at, n - n % size) for kind, at, n in records if kind == b"E"]
+
+
+def _read_into(f: io.BufferedReader, out: np.ndarray, parts: list[tuple[int, int]], n: int) -> None:
+    """Read the first `n` events of `parts` straight into the start of `out`."""
+    flat, at, end = memoryview(out.view(np.uint8)), 0, n * EVENT_DTYPE.itemsize  # type: ignore[arg-type]
+    for offset, length in parts:
+        take = min(length, end - at)
+        if take <= 0:
+            break
+        f.seek(offset)
+        if f.readinto(flat[at : at + take]) != take:
+            raise CaptureFileError(f"{f.name}: the spill changed while it was read")
+        at += take
 
 
 def read(path: Path) -> Parts:
     """The capture a spill holds, marked as cut short (`Capture.caveats` says what was lost)."""
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            return _parts(f, _index(f, path), path)
     except OSError as exc:
         raise CaptureFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _parts(f: io.BufferedReader, records: list[Record], path: Path) -> Parts:
     meta: dict[str, Any] = {}
     strings: list[Any] = []
     threads: Any = []
     doc: dict[str, list[Any]] = {"plans": [], "graphs": [], "tensors": []}
     sources: dict[str, str] = {}
-    records = _records(data, path)
-    for kind, payload in records:
+    for kind, at, length in records:
         if kind == b"E":
             continue
-        value = loads_json(payload, f"spill record {kind.decode(errors='replace')}", path)
+        f.seek(at)
+        value = loads_json(f.read(length), f"spill record {kind.decode(errors='replace')}", path)
         if kind == b"M" and isinstance(value, dict):
             meta = value
         elif kind == b"S" and isinstance(value, list):
@@ -258,7 +284,9 @@ def read(path: Path) -> Parts:
                 sources[f"wrappers/{len(sources)}.py"] = str(src)
             for key in doc:
                 doc[key] += list(value.get(key, []))
-    raw = _events(records)
+    parts = _event_parts(records)
+    raw = np.empty(sum(n for _at, n in parts) // EVENT_DTYPE.itemsize, dtype=EVENT_DTYPE)
+    _read_into(f, raw, parts, len(raw))
     last = int(raw["t_ns"].max()) if len(raw) else int(meta.get("t_start_ns") or 0)
     markers = raw["bytes"][raw["kind"] == Kind.STEP]
     meta.update(status="cut short", recovered_from=str(path), t_stop_ns=last, path=str(path),
