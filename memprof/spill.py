@@ -228,7 +228,7 @@ def _index(f: io.BufferedReader, path: Path) -> list[Record]:
         kind, length = _HEAD.unpack(head)
         at = f.tell()
         if at + length > size:
-            break
+            break  # the record a kill cut short
         out.append((kind, at, length))
         f.seek(length, os.SEEK_CUR)
     return out

@@ -237,13 +237,16 @@ class PlanRecorder:
         if record is None or [g.key for g in record.graphs] != [k for k in graphs if k is not None]:
             return None
 
-        def replay() -> None:
-            index: int | None = None
-            if record.plan is not None:
-                index = len(self.plans)
-                self.plans.append(dataclasses.replace(record.plan, index=index))
-                self.record_modules()
-            self.graphs.extend(dataclasses.replace(g, plan=index, graph_id=None) for g in record.graphs)
+        def replay() -> None:  # (runs inside torch's compile: never raises)
+            try:
+                index: int | None = None
+                if record.plan is not None:
+                    index = len(self.plans)
+                    self.plans.append(dataclasses.replace(record.plan, index=index))
+                    self.record_modules()
+                self.graphs.extend(dataclasses.replace(g, plan=index, graph_id=None) for g in record.graphs)
+            except Exception as exc:
+                self.error(f"a pair from AOTAutograd's cache was not recorded ({one_line(exc)})")
 
         return replay
 
