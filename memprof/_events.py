@@ -88,10 +88,3 @@ def parse_device(name: str) -> tuple[int, int]:
     if base.startswith("type") and base[4:].isdigit() and index.isdigit():
         return int(base[4:]), int(index)
     raise ValueError(f"not a device name: {name!r} (expected 'cpu' or 'cuda:N')")
-
-
-def concat_events(head: np.ndarray, tail: np.ndarray) -> np.ndarray:
-    """`head` then `tail`, as one EVENT_DTYPE array (np.concatenate would drop the padding field)."""
-    out = np.empty(len(head) + len(tail), dtype=EVENT_DTYPE)
-    out[: len(head)], out[len(head):] = head, tail
-    return out

@@ -8,7 +8,7 @@ from types import ModuleType
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE, FLAGS, concat_events
+from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE, FLAGS
 from memprof.errors import NativeUnavailable
 
 BUILD_HINT = "build it with: pip install --no-build-isolation -e .  (torch must be installed first)"
@@ -53,4 +53,6 @@ def ring_events() -> np.ndarray:
     tail = np.asarray(C.events_range(start, count)).view(EVENT_DTYPE) if count > 0 else head[:0]
     if len(tail) != max(count, 0):
         raise RuntimeError("the ring moved while it was read")
-    return concat_events(head, tail)
+    out = np.empty(len(head) + len(tail), dtype=EVENT_DTYPE)  # (concatenate would drop the padding)
+    out[: len(head)], out[len(head):] = head, tail
+    return out

@@ -365,7 +365,7 @@ def capture(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
     record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
     open a scope for each compiled graph call and kernel launch. `plans` records what
     torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
-    AOTAutograd's cache is off meanwhile, Inductor's FX graph cache holds memprof's own entries) for
+    AOTAutograd's and Inductor's FX graph caches hold memprof's own entries meanwhile) for
     `Capture.attribution`. The yielded `Capture` is filled when the block exits, also when it exits
     by an exception. With `output`, it is also
     saved there (atomically) however the block exits: an exception, an OOM, `sys.exit`, Ctrl-C or

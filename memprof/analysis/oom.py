@@ -91,8 +91,8 @@ def _next_steps(r: OomReport, cap: Capture) -> list[str]:
                    "library workspaces, NCCL, other processes)")
     command = r.sweep_command
     if command is not None:
-        saved = sum(x.bytes for x in r.by_category if x.key in ("saved_activation", "rng_mask"))
         recomputed = sum(x.bytes for x in r.by_category if x.key == "recomputed")
+        saved = sum(x.bytes for x in r.by_category if x.key in ACTIVATIONS) - recomputed
         fits = "" if r.fit_bytes is None else (
             f"; a budget whose predicted step peak is under {fmt_bytes(r.fit_bytes)} (the free memory and what "
             "this step had allocated) fits")

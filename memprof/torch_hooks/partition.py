@@ -236,8 +236,9 @@ def _aot_save(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(key, entry, *args, **kwargs)
         with _lock:
             keepers = list(_keepers)
+        graphs = _entry_graphs(entry)
         for k in keepers:
-            k.cache_saved(key, _entry_graphs(entry))
+            k.cache_saved(key, graphs)
         return result
 
     return save

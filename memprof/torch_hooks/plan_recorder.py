@@ -152,7 +152,7 @@ class PlanRecorder:
         if self.fx_cache and self.store is None:
             try:
                 self.store = GraphStore(inductor.cache_root() / "memprof")
-            except Exception as exc:  # no cache directory: recorded with the FX graph cache off
+            except Exception as exc:  # no cache directory: recorded with the compile caches off
                 self.error(f"no store beside Inductor's cache ({one_line(exc)}); the compile caches are off")
         patches = self._hooks.enter_context(Patches())
         if self.knapsack_evaluator:
