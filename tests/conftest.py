@@ -3,8 +3,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,21 @@ sys.path.insert(0, str(ROOT / "tools"))
 from _examples import load_example  # noqa: E402  (the one loader of examples/train_<model>.py)
 
 __all__ = ["ROOT", "invoke_memprof", "load_example", "one_line_error", "run_memprof"]
+
+_CACHE_KEY = pytest.StashKey[str]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Compiles cache across runs under TORCHINDUCTOR_CACHE_DIR (AOTAutograd's and Inductor's
+    # caches stay on under capture): a suite that read a cache an earlier run left behind would
+    # pass or fail by what that machine ran before, so each run starts from an empty one of its own.
+    cache = tempfile.mkdtemp(prefix="memprof-tests-inductor-")
+    config.stash[_CACHE_KEY] = cache
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shutil.rmtree(config.stash.get(_CACHE_KEY, ""), ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
