@@ -21,9 +21,9 @@ _CACHE_KEY = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # Compiles cache across runs under TORCHINDUCTOR_CACHE_DIR (AOTAutograd's and Inductor's
-    # caches stay on under capture): a suite that read a cache an earlier run left behind would
-    # pass or fail by what that machine ran before, so each run starts from an empty one of its own.
+    # Compiled graphs are cached across processes under TORCHINDUCTOR_CACHE_DIR (AOTAutograd's
+    # and Inductor's caches stay on under capture): a suite that read a cache an earlier run left
+    # behind would pass or fail by what that machine ran before, so each run starts empty.
     cache = tempfile.mkdtemp(prefix="memprof-tests-inductor-")
     config.stash[_CACHE_KEY] = cache
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
