@@ -201,7 +201,7 @@ class SpillWriter:
             return np.asarray(C.events()).view(EVENT_DTYPE)
         with open(self.path, "rb") as f:
             parts = _event_parts(_index(f, self.path))
-            head = min(sum(n for _at, n in parts) // EVENT_DTYPE.itemsize, self.events)
+            head = min(_event_count(parts), self.events)
             out = np.empty(max(int(C.event_count()), head), dtype=EVENT_DTYPE)
             _read_into(f, out, parts, head)
         if len(out) > head:
@@ -238,6 +238,10 @@ def _event_parts(records: list[Record]) -> list[tuple[int, int]]:
     """The E records' payloads (offset, length), in order, each without a torn tail."""
     size = EVENT_DTYPE.itemsize
     return [(at, n - n % size) for kind, at, n in records if kind == b"E"]
+
+
+def _event_count(parts: list[tuple[int, int]]) -> int:
+    return sum(n for _at, n in parts) // EVENT_DTYPE.itemsize
 
 
 def _read_into(f: io.BufferedReader, out: np.ndarray, parts: list[tuple[int, int]], n: int) -> None:
@@ -285,7 +289,7 @@ def _parts(f: io.BufferedReader, records: list[Record], path: Path) -> Parts:
             for key in doc:
                 doc[key] += list(value.get(key, []))
     parts = _event_parts(records)
-    raw = np.empty(sum(n for _at, n in parts) // EVENT_DTYPE.itemsize, dtype=EVENT_DTYPE)
+    raw = np.empty(_event_count(parts), dtype=EVENT_DTYPE)
     _read_into(f, raw, parts, len(raw))
     last = int(raw["t_ns"].max()) if len(raw) else int(meta.get("t_start_ns") or 0)
     markers = raw["bytes"][raw["kind"] == Kind.STEP]

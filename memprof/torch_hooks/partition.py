@@ -195,6 +195,11 @@ def _entry_graphs(entry: Any) -> GraphKeys:
     return key(getattr(entry, "compiled_fw", None)), key(getattr(entry, "compiled_bw", None))
 
 
+def _current_keepers() -> list[RecordKeeper]:
+    with _lock:
+        return list(_keepers)
+
+
 _pending = threading.local()  # the keepers' records of the hit `try_load` is loading on this thread
 
 
@@ -203,10 +208,8 @@ def _aot_lookup(original: Callable[..., Any]) -> Callable[..., Any]:
         result = original(key, *args, **kwargs)
         if result is None:
             return None
-        with _lock:
-            keepers = list(_keepers)
         graphs = _entry_graphs(result[0] if isinstance(result, tuple) else result)
-        replays = [k.cache_hit(key, graphs) for k in keepers]
+        replays = [k.cache_hit(key, graphs) for k in _current_keepers()]
         if any(r is None for r in replays):
             return None  # a hit memprof has no record of: compiled again, and recorded
         _pending.replays = replays
@@ -234,10 +237,8 @@ def _aot_try_load(original: Callable[..., Any]) -> Callable[..., Any]:
 def _aot_save(original: Callable[..., Any]) -> Callable[..., Any]:
     def save(key: str, entry: Any, *args: Any, **kwargs: Any) -> Any:
         result = original(key, entry, *args, **kwargs)
-        with _lock:
-            keepers = list(_keepers)
         graphs = _entry_graphs(entry)
-        for k in keepers:
+        for k in _current_keepers():
             k.cache_saved(key, graphs)
         return result
 
@@ -247,9 +248,7 @@ def _aot_save(original: Callable[..., Any]) -> Callable[..., Any]:
 def _fx_lookup(original: Callable[..., Any]) -> Callable[..., Any]:
     def lookup(key: str, *args: Any, **kwargs: Any) -> Any:
         graph, info = original(key, *args, **kwargs)
-        with _lock:
-            keepers = list(_keepers)
-        if graph is not None and not all(k.graph_hit(key) for k in keepers):
+        if graph is not None and not all(k.graph_hit(key) for k in _current_keepers()):
             return None, info  # a graph memprof has no record of: compiled again, and recorded
         return graph, info
 
