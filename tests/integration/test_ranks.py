@@ -252,8 +252,11 @@ def test_fsdp2_ranks_hold_and_name_their_shards(tmp_path: Path) -> None:
                 assert at_peak["all_gather"] > 0 and at_peak["reduce_scatter"] > 0, at_peak
             at_end = _categories_at(cap, s.end_row)
             assert not at_end.get("unsharded_parameter") and not at_end.get("unsharded_gradient"), (s.step, at_end)
-            # gloo's work objects may release a collective's buffer (one layer's) only after the step
-            assert at_end.get("all_gather", 0) in (0, layer) and at_end.get("reduce_scatter", 0) in (0, layer), at_end
+            # FSDP2 has let go of every collective buffer by the step's end, but gloo's work objects hold
+            # theirs until the worker thread that ran them resets its slot, which it may do after the step:
+            # at most one buffer (one layer's) per worker thread, and gloo runs 2 (ProcessGroupGloo's default)
+            held = at_end.get("all_gather", 0), at_end.get("reduce_scatter", 0)
+            assert all(b % layer == 0 for b in held) and sum(held) <= 2 * layer, at_end
             assert at_end["parameter"] == 4 * layer // 2
         by_node = {row.key: row.bytes for row in cap.attribution(by="node")}
         assert sum(by_node.values()) == cap.peak("cpu")
