@@ -11,8 +11,11 @@
 #include <limits>
 #include <vector>
 
+#include <unistd.h>
+
 #include "capture.h"
 #include "events.h"
+#include "signals.h"
 
 namespace py = pybind11;
 
@@ -107,6 +110,32 @@ py::dict constants() {
   return d;
 }
 
+py::list context_to_python(const std::vector<memprof::CarriedContext>& context) {
+  py::list out;
+  for (const auto& c : context) {
+    py::list path;
+    for (const auto& [scope, occurrence] : c.path) path.append(py::make_tuple(scope, occurrence));
+    out.append(py::make_tuple(c.index, path, c.ordinal));
+  }
+  return out;
+}
+
+// A pending call the main thread runs at its next bytecode: it waits there, without the GIL, for
+// the process to die by the fatal signal memprof is saving the capture for (the script stops where
+// it was, as the signal would have stopped it). Asked for by the signal handler itself (so the
+// script runs no further than a Python-level handler would let it: the signal module's handler
+// takes the same path) and again by the capture's thread; a hold that runs after the signals were
+// given back (the capture ended normally meanwhile) does nothing.
+int hold_forever(void* /*unused*/) {
+  if (!memprof::hold_wanted()) return 0;
+  Py_BEGIN_ALLOW_THREADS
+  for (;;) pause();
+  Py_END_ALLOW_THREADS
+  return 0;
+}
+
+void hold_from_handler() { Py_AddPendingCall(&hold_forever, nullptr); }
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -137,12 +166,27 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "ring_head",
       [] {
-        auto [start, carried] = memprof::ring_head();
+        auto head = memprof::ring_head();
+        const auto& carried = head.carried;
         py::array_t<uint8_t> out(static_cast<py::ssize_t>(carried.size() * sizeof(memprof::Event)));
         if (!carried.empty()) std::memcpy(out.mutable_data(), carried.data(), carried.size() * sizeof(memprof::Event));
-        return py::make_tuple(start, out);
+        return py::make_tuple(head.start, out, context_to_python(head.context));
       },
-      "With keep_last: (the ring's first stored event, the events carried into it as raw bytes).");
+      "With keep_last: (the ring's first stored event, the events carried into it as raw bytes, their "
+      "scope context: [(index, [(scope, occurrence), ...], ordinal)]).");
+  m.def("window_context", [] { return context_to_python(memprof::window_context()); },
+        "With a step window that opened: the scope context of the blocks carried into it (as ring_head's).");
+  m.def("freeze", &memprof::freeze_capture, "End the active capture from any thread (the process is dying).");
+  memprof::set_hold_hook(&hold_from_handler);
+  m.def("take_fatal_signals", &memprof::take_fatal_signals, py::arg("signals"), py::arg("hold"),
+        "Catch these signals where their disposition is the default; returns those taken. With hold, a "
+        "signal stops the main thread at its next bytecode.");
+  m.def("give_back_fatal_signals", &memprof::give_back_fatal_signals);
+  m.def("wait_fatal_signal", &memprof::wait_fatal_signal, py::arg("timeout_ms"),
+        py::call_guard<py::gil_scoped_release>(), "A fatal signal that came (0: none within the timeout).");
+  m.def("die_by_signal", &memprof::die_by_signal, py::arg("signum"), py::call_guard<py::gil_scoped_release>());
+  m.def("hold_main_thread", [] { return Py_AddPendingCall(&hold_forever, nullptr) == 0; },
+        "Stop the main thread at its next bytecode until the process dies.");
   m.def("window_state", &memprof::window_state);
   m.def("store_bytes", &memprof::store_bytes, "Memory the event store holds now (bytes).");
   m.def("strings_from", [](size_t first) { return to_python(memprof::strings_from(first)); },

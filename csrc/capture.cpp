@@ -48,7 +48,8 @@ struct Session {
 // memory. Only the small Session object itself is leaked per capture.
 std::atomic<Session*> g_active{nullptr};
 std::atomic<bool> g_shutdown{false};
-Session* g_last = nullptr;
+// The session whose results are read (the spill's thread reads them while start_capture replaces it)
+std::atomic<Session*> g_last{nullptr};
 std::mutex g_control_mu;
 uint64_t g_generation = 0;
 
@@ -456,8 +457,7 @@ void start_capture(const CaptureOptions& options) {
     s->handle = at::addThreadLocalCallback(
         at::RecordFunctionCallback(&on_scope_enter, &on_scope_exit).scopes(scopes));
   }
-  Session* previous = g_last;
-  g_last = s;
+  Session* previous = g_last.exchange(s);
   if (previous != nullptr) previous->store.clear();
   s->t_start = now_ns();
   s->cpu_wrapper_problem = install_cpu_wrapper();
@@ -490,40 +490,93 @@ std::string stop_capture() {
   return warning;
 }
 
+void freeze_capture() {
+  std::lock_guard<std::mutex> lock(g_control_mu);
+  Session* s = g_active.exchange(nullptr);
+  if (s == nullptr) return;
+  s->active.store(false);
+  s->t_stop = now_ns();
+}
+
 bool capture_active() { return g_active.load() != nullptr; }
 
-size_t event_count() { return g_last ? g_last->store.size() : 0; }
+namespace {
+// Each accessor reads the session once: g_last may be replaced meanwhile only by a new capture.
+Session* last() { return g_last.load(std::memory_order_acquire); }
+}  // namespace
+
+size_t event_count() {
+  Session* s = last();
+  return s ? s->store.size() : 0;
+}
 size_t copy_events(Event* dst, size_t capacity) {
-  return g_last ? g_last->store.copy_to(dst, capacity) : 0;
+  Session* s = last();
+  return s ? s->store.copy_to(dst, capacity) : 0;
 }
 size_t copy_events_range(size_t start, Event* dst, size_t count) {
-  return g_last ? g_last->store.copy_range(start, dst, count) : 0;
+  Session* s = last();
+  return s ? s->store.copy_range(start, dst, count) : 0;
 }
 void release_events_before(size_t n) {
-  if (g_last) g_last->store.release_before(n);
+  if (Session* s = last()) s->store.release_before(n);
 }
-size_t released_events() { return g_last ? g_last->store.released() : 0; }
-std::pair<size_t, std::vector<Event>> ring_head() {
-  return g_last ? g_last->store.ring_head() : std::pair<size_t, std::vector<Event>>{0, {}};
+size_t released_events() {
+  Session* s = last();
+  return s ? s->store.released() : 0;
 }
-std::string window_state() { return g_last ? g_last->store.window_state() : std::string("all"); }
-size_t store_bytes() { return g_last ? g_last->store.bytes_reserved() : 0; }
+EventStore::Head ring_head() {
+  Session* s = last();
+  return s ? s->store.ring_head() : EventStore::Head{};
+}
+std::vector<CarriedContext> window_context() {
+  Session* s = last();
+  return s ? s->store.window_context() : std::vector<CarriedContext>{};
+}
+std::string window_state() {
+  Session* s = last();
+  return s ? s->store.window_state() : std::string("all");
+}
+size_t store_bytes() {
+  Session* s = last();
+  return s ? s->store.bytes_reserved() : 0;
+}
 std::vector<std::string> strings_from(size_t first) {
-  return g_last ? g_last->strings.snapshot_from(first) : std::vector<std::string>{};
+  Session* s = last();
+  return s ? s->strings.snapshot_from(first) : std::vector<std::string>{};
 }
 std::vector<std::string> strings() {
-  return g_last ? g_last->strings.snapshot() : std::vector<std::string>{""};
+  Session* s = last();
+  return s ? s->strings.snapshot() : std::vector<std::string>{""};
 }
-uint64_t dropped_events() { return g_last ? g_last->store.dropped() : 0; }
-int64_t first_dropped_ns() { return g_last ? g_last->store.first_dropped_ns() : -1; }
-std::string cpu_all_threads_problem() { return g_last ? g_last->cpu_wrapper_problem : std::string(); }
-size_t max_events() { return g_last ? g_last->store.max_events() : 0; }
-int64_t capture_start_ns() { return g_last ? g_last->t_start : 0; }
-int64_t capture_stop_ns() { return g_last ? g_last->t_stop : 0; }
+uint64_t dropped_events() {
+  Session* s = last();
+  return s ? s->store.dropped() : 0;
+}
+int64_t first_dropped_ns() {
+  Session* s = last();
+  return s ? s->store.first_dropped_ns() : -1;
+}
+std::string cpu_all_threads_problem() {
+  Session* s = last();
+  return s ? s->cpu_wrapper_problem : std::string();
+}
+size_t max_events() {
+  Session* s = last();
+  return s ? s->store.max_events() : 0;
+}
+int64_t capture_start_ns() {
+  Session* s = last();
+  return s ? s->t_start : 0;
+}
+int64_t capture_stop_ns() {
+  Session* s = last();
+  return s ? s->t_stop : 0;
+}
 
 void release() {
   std::lock_guard<std::mutex> lock(g_control_mu);
-  if (g_last != nullptr && g_active.load() != g_last) g_last->store.clear();
+  Session* s = last();
+  if (s != nullptr && g_active.load() != s) s->store.clear();
 }
 
 void mark_step(int64_t step) {

@@ -38,6 +38,9 @@ void start_capture(const CaptureOptions& options);
 // Stops the active capture; must run on the thread that started it. Returns a
 // warning ("" if none), e.g. when the reporter could not be popped cleanly.
 std::string stop_capture();
+// Ends the active capture from any thread, for a process about to die by a signal: nothing more is
+// recorded (the hooks stay in place, inert), and its results can be read as after stop_capture.
+void freeze_capture();
 bool capture_active();
 
 // Results of the last capture (valid after stop_capture, until release()).
@@ -48,8 +51,11 @@ size_t copy_events_range(size_t start, Event* dst, size_t count);
 std::vector<std::string> strings_from(size_t first);
 void release_events_before(size_t n);
 size_t released_events();
-// With keep_last: the ring's first stored event and the events carried into it (blocks live there).
-std::pair<size_t, std::vector<Event>> ring_head();
+// With keep_last: the ring's first stored event, the events carried into it (blocks live there) and
+// their scope context.
+EventStore::Head ring_head();
+// With a step window that opened: the scope context of the blocks carried into it.
+std::vector<CarriedContext> window_context();
 // The step window's state ("all" without one, "pending", "open", "closed").
 std::string window_state();
 size_t store_bytes();

@@ -39,13 +39,51 @@ std::vector<std::string> StringTable::snapshot_from(size_t first) const {
   return out;
 }
 
+uint32_t LiveSet::Frame::next_occurrence(uint32_t child) {
+  if (many) return (*many)[child]++;
+  for (auto& [id, count] : children) {
+    if (id == child) return count++;
+  }
+  if (children.size() < 16) {
+    children.emplace_back(child, 1);
+    return 0;
+  }
+  many = std::make_unique<std::unordered_map<uint32_t, uint32_t>>(children.begin(), children.end());
+  children.clear();
+  return (*many)[child]++;
+}
+
 void LiveSet::apply(const Event& e) {
   const Key key{e.ptr, static_cast<int16_t>((int16_t(e.device_type) << 8) | uint8_t(e.device_index))};
   switch (e.kind) {
-    case kAlloc:
-    case kCudaAlloc:
-      live_[key] = {seq_++, e};
+    case kScopeBegin: {
+      ThreadScopes& t = scopes_[e.thread];
+      const uint32_t occurrence = t.open.empty() ? 0 : t.open.back().next_occurrence(e.scope);
+      t.open.push_back(Frame{e.scope, occurrence, 0, {}, nullptr});
       break;
+    }
+    case kScopeEnd: {  // closes the innermost open scope of its id and what was left open inside it
+      auto found = scopes_.find(e.thread);
+      if (found == scopes_.end()) break;
+      auto& open = found->second.open;
+      for (size_t i = open.size(); i > 0; --i) {
+        if (open[i - 1].scope == e.scope) {
+          open.resize(i - 1);
+          break;
+        }
+      }
+      break;
+    }
+    case kAlloc:
+    case kCudaAlloc: {
+      ThreadScopes& t = scopes_[e.thread];
+      Block b{seq_++, e, {}, 0};
+      b.path.reserve(t.open.size());
+      for (const Frame& f : t.open) b.path.emplace_back(f.scope, f.occurrence);
+      b.ordinal = t.open.empty() ? t.top_level++ : t.open.back().direct++;
+      live_[key] = std::move(b);
+      break;
+    }
     case kFree:
     case kCudaFreeRequested: {
       auto it = live_.find(key);
@@ -73,13 +111,17 @@ void LiveSet::apply(const Event& e) {
   }
 }
 
-std::vector<Event> LiveSet::carried() const {
-  std::vector<Event> out(freed_before_);
-  std::vector<const std::pair<uint64_t, Event>*> blocks;
+std::vector<const LiveSet::Block*> LiveSet::ordered() const {
+  std::vector<const Block*> blocks;
   blocks.reserve(live_.size());
   for (const auto& kv : live_) blocks.push_back(&kv.second);
-  std::sort(blocks.begin(), blocks.end(), [](auto* a, auto* b) { return a->first < b->first; });
-  for (const auto* b : blocks) out.push_back(b->second);
+  std::sort(blocks.begin(), blocks.end(), [](auto* a, auto* b) { return a->seq < b->seq; });
+  return blocks;
+}
+
+std::vector<Event> LiveSet::carried() const {
+  std::vector<Event> out(freed_before_);
+  for (const Block* b : ordered()) out.push_back(b->event);
   for (const auto& kv : reserved_) {
     if (kv.second.bytes != 0) out.push_back(kv.second);
   }
@@ -87,8 +129,16 @@ std::vector<Event> LiveSet::carried() const {
   return out;
 }
 
+std::vector<CarriedContext> LiveSet::carried_context() const {
+  std::vector<CarriedContext> out;
+  auto index = static_cast<uint32_t>(freed_before_.size());  // carried() puts the live blocks after these
+  for (const Block* b : ordered()) out.push_back(CarriedContext{index++, b->path, b->ordinal});
+  return out;
+}
+
 void LiveSet::clear() {
   live_.clear();
+  scopes_.clear();
   freed_before_.clear();
   reserved_.clear();
   seq_ = 0;
@@ -101,10 +151,38 @@ EventStore::EventStore(const StoreOptions& options) : options_(options) {
   }
 }
 
+namespace {
+uint64_t block_key(const Event& e) {
+  return e.ptr ^ (uint64_t(uint16_t((int16_t(e.device_type) << 8) | uint8_t(e.device_index))) << 48);
+}
+bool is_alloc(const Event& e) { return e.kind == kAlloc || e.kind == kCudaAlloc; }
+bool is_free(const Event& e) { return e.kind == kFree || e.kind == kCudaFreeRequested; }
+}  // namespace
+
 void EventStore::append(const Event& e) {
   std::lock_guard<std::mutex> lock(mu_);
   if (window_ == Window::kPending) live_.apply(e);
-  if (recording_) push(e);
+  if (window_ == Window::kOpen && (is_alloc(e) || is_free(e))) {
+    auto key = block_key(e);
+    if (is_alloc(e)) {
+      ++window_live_[key];
+    } else if (auto it = window_live_.find(key); it != window_live_.end() && --it->second == 0) {
+      window_live_.erase(it);
+    }
+  }
+  if (recording_) {
+    push(e);
+  } else if (window_ == Window::kClosed) {
+    if (tail_scopes_ && (e.kind == kScopeBegin || e.kind == kScopeEnd)) {
+      push(e);
+    } else if (!window_live_.empty() && is_free(e)) {
+      auto it = window_live_.find(block_key(e));
+      if (it != window_live_.end()) {
+        push(e);
+        if (--it->second == 0) window_live_.erase(it);
+      }
+    }
+  }
 }
 
 void EventStore::push(const Event& e) {
@@ -123,7 +201,11 @@ void EventStore::mark_step(const Event& e) {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t step = e.bytes;
   if (window_ == Window::kPending && step >= options_.first_step - 1) {
-    for (const Event& c : live_.carried()) push(c);
+    for (const Event& c : live_.carried()) {
+      push(c);
+      if (is_alloc(c)) ++window_live_[block_key(c)];
+    }
+    window_context_ = live_.carried_context();
     live_.clear();
     window_ = Window::kOpen;
     recording_ = true;
@@ -132,6 +214,9 @@ void EventStore::mark_step(const Event& e) {
     push(e);
     window_ = Window::kClosed;
     recording_ = false;
+    tail_scopes_ = true;
+  } else if (window_ == Window::kClosed) {
+    tail_scopes_ = false;
   } else if (recording_) {
     const size_t before = size_;
     push(e);
@@ -159,10 +244,15 @@ void EventStore::free_chunks_before(size_t n) {
   released_ = std::max(released_, upto * kChunkEvents);
 }
 
-std::pair<size_t, std::vector<Event>> EventStore::ring_head() const {
+EventStore::Head EventStore::ring_head() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!ring_moved_) return {0, {}};
-  return {ring_start_, ring_base_.carried()};
+  if (!ring_moved_) return {};
+  return {ring_start_, ring_base_.carried(), ring_base_.carried_context()};
+}
+
+std::vector<CarriedContext> EventStore::window_context() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return window_context_;
 }
 
 std::string EventStore::window_state() const {
@@ -249,6 +339,9 @@ void EventStore::clear() {
   ring_moved_ = false;
   live_.clear();
   ring_base_.clear();
+  window_context_.clear();
+  window_live_.clear();
+  tail_scopes_ = false;
 }
 
 int64_t now_ns() {

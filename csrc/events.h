@@ -13,6 +13,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace memprof {
@@ -79,15 +80,29 @@ class StringTable {
   std::unordered_map<std::string_view, uint32_t> index_;
 };
 
-// What is live at one point of a run, kept from allocator events: every live block's allocation
-// event, the frees of blocks allocated before the capture, and each device's reserved bytes. It
-// lets a step window or the ring of the last steps begin with exactly what was live there.
+// Where in its thread's scope tree a carried block was allocated: the scopes open around the
+// allocation, outermost first, each as (scope id, its occurrence among its parent's children of that
+// id: the k-th `aten::mm` of a compiled-graph call), and the allocation's ordinal among those made
+// directly in the innermost of them (or at the top level). The analysis joins a carried block to
+// its compiled graph's buffers with it, as it joins the blocks of a call it holds whole.
+struct CarriedContext {
+  uint32_t index = 0;  // the carried event it belongs to (an index into carried())
+  std::vector<std::pair<uint32_t, uint32_t>> path;
+  uint32_t ordinal = 0;
+};
+
+// What is live at one point of a run, kept from allocator and scope events: every live block's
+// allocation event and where in the scope tree it was made, the frees of blocks allocated before
+// the capture, and each device's reserved bytes. It lets a step window or the ring of the last
+// steps begin with exactly what was live there, labelled as a full capture labels it.
 class LiveSet {
  public:
   void apply(const Event& e);
   // Events that recreate this state, flagged kFlagCarried: frees of blocks from before the
   // capture, live blocks' allocations (in the order they happened), reserved bytes per device.
   std::vector<Event> carried() const;
+  // The scope context of each carried allocation, as carried() orders them.
+  std::vector<CarriedContext> carried_context() const;
   void clear();
 
  private:
@@ -99,15 +114,38 @@ class LiveSet {
   struct KeyHash {
     size_t operator()(const Key& k) const { return std::hash<uint64_t>()(k.ptr ^ (uint64_t(uint16_t(k.device)) << 48)); }
   };
+  // One open scope on a thread: its id and occurrence, the allocations made directly in it and how
+  // many children of each id it has opened (a few ids each; a compiled-graph call has hundreds).
+  struct Frame {
+    uint32_t scope;
+    uint32_t occurrence;
+    uint32_t direct = 0;
+    std::vector<std::pair<uint32_t, uint32_t>> children;
+    std::unique_ptr<std::unordered_map<uint32_t, uint32_t>> many;
+    uint32_t next_occurrence(uint32_t child);
+  };
+  struct ThreadScopes {
+    std::vector<Frame> open;
+    uint32_t top_level = 0;  // allocations made with no scope open
+  };
+  struct Block {
+    uint64_t seq;
+    Event event;
+    std::vector<std::pair<uint32_t, uint32_t>> path;
+    uint32_t ordinal;
+  };
+  std::vector<const Block*> ordered() const;
   uint64_t seq_ = 0;
-  std::unordered_map<Key, std::pair<uint64_t, Event>, KeyHash> live_;
+  std::unordered_map<Key, Block, KeyHash> live_;
+  std::unordered_map<uint16_t, ThreadScopes> scopes_;
   std::vector<Event> freed_before_;
   std::map<int16_t, Event> reserved_;
 };
 
 // Which events a capture stores. By default all of them. With a step window [first_step,
 // last_step], only those from the marker that ends step first_step - 1 to the one that ends
-// last_step (step 1 starts at the capture start), after the blocks live at the window start.
+// last_step (step 1 starts at the capture start), after the blocks live at the window start, and
+// then the frees of the window's blocks still live at its end (and the next step's scopes).
 // With keep_last N, a ring of the last N complete steps and the one in progress, after the
 // blocks live at the ring's start.
 struct StoreOptions {
@@ -128,8 +166,16 @@ class EventStore {
   void append(const Event& e);
   // A step marker (e.bytes = the step number): opens or closes the window, moves the ring.
   void mark_step(const Event& e);
-  // The ring's first stored event (0 without a ring) and the events carried into it, read together.
-  std::pair<size_t, std::vector<Event>> ring_head() const;
+  // The ring's first stored event (0 without a ring), the events carried into it and their context,
+  // read together.
+  struct Head {
+    size_t start = 0;
+    std::vector<Event> carried;
+    std::vector<CarriedContext> context;
+  };
+  Head ring_head() const;
+  // The context of the blocks carried into an open step window (empty before it opens).
+  std::vector<CarriedContext> window_context() const;
   // "pending" (the window has not opened), "open", "closed" or "all" (no window).
   std::string window_state() const;
   size_t size() const;
@@ -159,6 +205,14 @@ class EventStore {
   bool recording_ = true;
   enum class Window { kAll, kPending, kOpen, kClosed } window_ = Window::kAll;
   LiveSet live_;              // the whole run's live set while the window is pending
+  // Blocks allocated in the open window and not yet freed: once it closes, their frees are still
+  // stored (after its last marker, in no step), so that what they are (a saved activation is freed
+  // in a backward after the window) is told as a full capture tells it.
+  std::unordered_map<uint64_t, uint32_t> window_live_;  // (device, ptr) -> allocations at that address
+  // From the window's close to the next step marker its scopes are stored too: a block freed then is
+  // told freed in a backward or not as in a full capture (the CPU's backward runs on the main thread).
+  bool tail_scopes_ = false;
+  std::vector<CarriedContext> window_context_;  // of the blocks carried in when the window opened
   LiveSet ring_base_;         // the live set at the ring's start
   std::deque<size_t> ring_markers_;  // stored step markers from the ring's start on
   size_t ring_start_ = 0;

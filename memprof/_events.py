@@ -7,6 +7,7 @@ module exports its offsets and `memprof._native` checks them at import.
 from __future__ import annotations
 
 import enum
+from typing import NamedTuple
 
 import numpy as np
 
@@ -61,6 +62,27 @@ FLAG_OTHER_THREAD = 2  # kFlagOtherThread: a CPU event on a thread memprof's rep
 FLAG_CARRIED = 4
 # the flags by the names the native core exports them under (event_layout()["flags_values"])
 FLAGS = {"unfollowed_thread": FLAG_UNFOLLOWED_THREAD, "other_thread": FLAG_OTHER_THREAD, "carried": FLAG_CARRIED}
+
+
+class CarriedBlock(NamedTuple):
+    """Where a block carried into a step window or a ring was allocated (csrc/events.h
+    `CarriedContext`): the scopes open around its allocation on its thread, outermost first, each as
+    (scope id, occurrence among its parent's children of that id), and its ordinal among the
+    allocations made directly in the innermost of them. `row` is its allocation event's row."""
+
+    row: int
+    path: tuple[tuple[int, int], ...]
+    ordinal: int
+
+    @staticmethod
+    def from_native(entries: list[tuple[int, list[tuple[int, int]], int]], first_row: int = 0) -> list[CarriedBlock]:
+        return [CarriedBlock(first_row + int(i), tuple((int(s), int(o)) for s, o in path), int(n))
+                for i, path, n in entries]
+
+    def to_json(self) -> list[object]:
+        return [self.row, [list(p) for p in self.path], self.ordinal]
+
+
 SEGMENT_KINDS = (Kind.SEGMENT_ALLOC, Kind.SEGMENT_FREE, Kind.SEGMENT_MAP, Kind.SEGMENT_UNMAP)
 
 # c10::DeviceType values that memprof names; others print as "type<N>:<index>".

@@ -8,10 +8,11 @@ from types import ModuleType
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE, FLAGS
+from memprof._events import EVENT_DTYPE, EVENT_ITEMSIZE, FLAGS, CarriedBlock
 from memprof.errors import NativeUnavailable
 
-BUILD_HINT = "build it with: pip install --no-build-isolation -e .  (torch must be installed first)"
+BUILD_HINT = ("build it with: bash tools/setup.sh (in a checkout of memprof), or by hand: "
+              "pip install --no-build-isolation -e .  (torch installed first)")
 
 
 @functools.cache
@@ -43,11 +44,12 @@ def thread_table() -> list[dict[str, object]]:
     return [{"index": i, "tid": tid, "name": name} for i, tid, name in native().threads()]
 
 
-def ring_events() -> np.ndarray:
+def ring_events() -> tuple[np.ndarray, list[CarriedBlock]]:
     """The events of a ring of the last steps (a capture with keep_last): those carried into it (the
-    blocks live at its start), then its own; empty when the store holds no ring."""
+    blocks live at its start), then its own; empty when the store holds no ring. With them, where the
+    carried blocks were allocated."""
     C = native()
-    start, carried = C.ring_head()
+    start, carried, context = C.ring_head()
     head = np.asarray(carried).view(EVENT_DTYPE)
     count = int(C.event_count()) - int(start)
     tail = np.asarray(C.events_range(start, count)).view(EVENT_DTYPE) if count > 0 else head[:0]
@@ -55,4 +57,4 @@ def ring_events() -> np.ndarray:
         raise RuntimeError("the ring moved while it was read")
     out = np.empty(len(head) + len(tail), dtype=EVENT_DTYPE)  # (concatenate would drop the padding)
     out[: len(head)], out[len(head):] = head, tail
-    return out
+    return out, CarriedBlock.from_native(context)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memprof._events import FLAG_OTHER_THREAD, Kind
+from memprof._events import FLAG_OTHER_THREAD, CarriedBlock, Kind
+from memprof.analysis.carried import label_carried
 from memprof.analysis.distributed import label_distributed
 from memprof.analysis.join import join_call
 from memprof.analysis.labels import (
@@ -78,36 +79,50 @@ def _join_calls(ctx: LabelContext, calls: list[tuple[int, int, int, int]], alloc
     return joins
 
 
+def eager_categories(in_optimizer: np.ndarray, outlives_optimizer: np.ndarray, is_grad: np.ndarray,
+                     in_backward: np.ndarray, freed_in_bw: np.ndarray, is_input: np.ndarray) -> np.ndarray:
+    """The category of each allocation outside compiled graphs, from its eager scope and lifetime: made
+    in an optimizer step, optimizer state if it outlives the step (else a temporary); else a gradient
+    (AccumulateGrad); else a temporary of the backward; else a saved activation if a backward frees it;
+    else an input if it was made before the first compiled call or backward or spans a step; else a
+    temporary. (Arrays: a capture can hold millions.)"""
+    cat = np.where(is_input, Category.INPUT, Category.TEMPORARY)  # the rules, the last first
+    cat = np.where(freed_in_bw, Category.SAVED_ACTIVATION, cat)
+    cat = np.where(in_backward, Category.TEMPORARY, cat)
+    cat = np.where(is_grad, Category.GRADIENT, cat)
+    return np.where(in_optimizer, np.where(outlives_optimizer, Category.OPTIMIZER_STATE, Category.TEMPORARY),
+                    cat).astype(np.int8)
+
+
+def _grad_scopes(ctx: LabelContext) -> np.ndarray:
+    return np.asarray(sorted(i for s, i in ctx.scope_id.items() if "AccumulateGrad" in s), dtype=np.uint32)
+
+
 def _label_eager(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int, int, int, int]], first_activity: int,
                  in_backward: np.ndarray, freed_in_bw: np.ndarray) -> None:
-    """Allocations outside compiled graphs, from their eager scope and lifetime."""
+    """Allocations outside compiled graphs, from their eager scope and lifetime (`eager_category`,
+    by arrays: a capture can hold millions)."""
     raw, tl = ctx.raw, ctx.tl
-    grad_ids = [i for s, i in ctx.scope_id.items() if "AccumulateGrad" in s]
     erows = tl.rows[eager]
     escope = raw["scope"][erows]
-    scope_names = np.asarray(ctx.strings, dtype=object)[escope]
     in_opt = inside(erows, ctx.thread[eager], opts)
-    opt_end = np.asarray([o[2] for o in opts], dtype=np.int64)
+    opt_end = np.asarray([o[2] for o in opts] + [0], dtype=np.int64)
     steps = np.flatnonzero(raw["kind"] == Kind.STEP)
     free_row = ctx.free_row[eager]
     spans_step = (np.searchsorted(steps, free_row) - np.searchsorted(steps, erows)) > 0
-    is_grad = np.isin(escope, np.asarray(sorted(grad_ids), dtype=escope.dtype))
+    is_grad = np.isin(escope, _grad_scopes(ctx).astype(escope.dtype))
     bw_here = in_backward[eager]
-    for i, pos in enumerate(eager.tolist()):
-        kern = scope_names[i] or "(no scope)"
-        if in_opt[i] >= 0:
-            cat = Category.OPTIMIZER_STATE if free_row[i] > opt_end[in_opt[i]] else Category.TEMPORARY
-        elif is_grad[i]:
-            cat = Category.GRADIENT
-        elif bw_here[i]:
-            cat = Category.TEMPORARY
-        elif freed_in_bw[pos]:
-            cat = Category.SAVED_ACTIVATION
-        elif erows[i] < first_activity or spans_step[i]:
-            cat = Category.INPUT
-        else:
-            cat = Category.TEMPORARY
-        ctx.set(pos, cat, f"eager:{kern}", "", kern)
+    cat = eager_categories(in_opt >= 0, free_row > opt_end[in_opt], is_grad, bw_here, freed_in_bw[eager],
+                           (erows < first_activity) | spans_step)
+    ids, inverse = np.unique(escope, return_inverse=True)
+    kerns = [ctx.strings[int(i)] or "(no scope)" for i in ids.tolist()]
+    node_ids = np.asarray([ctx.names(f"eager:{k}") for k in kerns], dtype=np.int32)
+    kern_ids = np.asarray([ctx.names(k) for k in kerns], dtype=np.int32)
+    inverse = inverse.reshape(-1)
+    ctx.category[eager] = cat
+    ctx.node[eager] = node_ids[inverse] if len(ids) else 0
+    ctx.layer[eager] = 0
+    ctx.kernel[eager] = kern_ids[inverse] if len(ids) else 0
 
 
 def label_timeline(
@@ -121,17 +136,24 @@ def label_timeline(
     preexisting: Sequence[tuple[int, int]] = (),
     scopes: ScopeIndex | None = None,
     known_until: int | None = None,
+    carried: Sequence[CarriedBlock] = (),
+    tail_from: int | None = None,
 ) -> Labels:
     """Category, FX node, layer and kernel of every allocation on one device's timeline.
 
     `preexisting` are (ptr, bytes) of the blocks live when the capture started (CUDA); `scopes`
     the capture's scope index (built here when not given); `known_until` the time after which known
-    tensors are not used (a step window's end).
+    tensors are not used (a step window's end); `carried` where the blocks carried into a step
+    window or a ring were allocated (`memprof.analysis.carried`); `tail_from` the row after which a
+    closed window's tail begins (the frees of its blocks and the next step's scopes: no call there
+    allocates, so none is joined).
     """
     ctx = LabelContext(raw, strings, tl, plans, graphs, main_thread, scopes or ScopeIndex(raw))
     alloc_pos = np.flatnonzero(tl.is_alloc)
     sid = ctx.scope_id
     calls = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(_GRAPH_CALL)])
+    if tail_from is not None:
+        calls = [c for c in calls if c[1] < tail_from]
     bws = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(BACKWARD_SCOPES)])
     opts = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(OPTIMIZER_SCOPES)])
     in_backward = _in_backward(ctx, bws)
@@ -146,6 +168,18 @@ def label_timeline(
     if len(eager):
         first_activity = min([c[1] for c in calls] + [b[1] for b in bws] + [len(raw)])
         _label_eager(ctx, eager, opts, first_activity, in_backward, freed_in_bw)
+    if carried:
+        grads = _grad_scopes(ctx)
+
+        def carried_eager(pos: int, in_optimizer: bool, in_bw: bool) -> Category:
+            # a carried block is live where the stored steps begin: it outlived the optimizer step that
+            # made it, and spans a step
+            is_grad = np.isin(raw["scope"][tl.rows[pos : pos + 1]], grads)
+            yes = np.ones(1, dtype=bool)
+            return Category(int(eager_categories(yes & in_optimizer, yes, is_grad, yes & in_bw,
+                                                 freed_in_bw[pos : pos + 1], yes)[0]))
+
+        label_carried(ctx, carried, in_backward, freed_in_bw, carried_eager, OPTIMIZER_SCOPES, BACKWARD_SCOPES)
     label_distributed(ctx, eager, alloc_pos[call_of >= 0], in_backward)
     # known tensors (parameters, gradients, optimizer state) override by pointer and time; those recorded
     # after a step window closed may name a block at a reused address whose free was not stored

@@ -89,22 +89,26 @@ def _child_name(ctx: LabelContext, n: CallNesting, c: int) -> str:
     return ctx.strings[int(n.child_scope[c])] if c >= 0 else ""
 
 
+def kernel_level_category(role: str, in_child: bool, freed_in_child: bool, survives_call: bool,
+                          freed_in_bw: bool) -> Category:
+    """The category of one allocation of a call attributed at kernel level: from its lifetime only."""
+    if freed_in_child or (in_child and not survives_call and role != "backward"):
+        return Category.WORKSPACE if freed_in_child else Category.TEMPORARY
+    if not survives_call:
+        return Category.TEMPORARY
+    if role == "backward":
+        return Category.GRADIENT
+    return Category.SAVED_ACTIVATION if freed_in_bw else Category.TEMPORARY
+
+
 def label_kernel_level(ctx: LabelContext, n: CallNesting, alloc_pos: np.ndarray, role: str, tag: str,
                        freed_in_bw: np.ndarray) -> None:
     """Categories from lifetimes only, labelled by the kernel that allocated."""
     for i in range(len(alloc_pos)):
         kern = _child_name(ctx, n, int(n.child_of[i])) or (
             ctx.strings[int(ctx.raw["scope"][n.rows[i]])] if not n.is_direct[i] else "(wrapper allocation)")
-        if n.freed_in_child[i] or (n.in_child[i] and not n.survives_call[i] and role != "backward"):
-            cat = Category.WORKSPACE if n.freed_in_child[i] else Category.TEMPORARY
-        elif not n.survives_call[i]:
-            cat = Category.TEMPORARY
-        elif role == "backward":
-            cat = Category.GRADIENT
-        elif freed_in_bw[alloc_pos[i]]:
-            cat = Category.SAVED_ACTIVATION
-        else:
-            cat = Category.TEMPORARY
+        cat = kernel_level_category(role, bool(n.in_child[i]), bool(n.freed_in_child[i]), bool(n.survives_call[i]),
+                                    bool(freed_in_bw[alloc_pos[i]]))
         ctx.set(alloc_pos[i], cat, f"{tag}:{kern}", "", kern)
 
 
@@ -154,44 +158,79 @@ class _BufferCategories:
         return primary, Category.SAVED_ACTIVATION if freed_in_bw else Category.TEMPORARY
 
 
+@dataclass(frozen=True)
+class CallLabeller:
+    """Labels for the allocations of one call of a compiled graph (each call's own, or the blocks of
+    one carried into a step window: `memprof.analysis.carried`)."""
+
+    ctx: LabelContext
+    graph: CompiledGraph
+    plan: Plan | None
+    categories: _BufferCategories
+    tag: str
+
+    @staticmethod
+    def of(ctx: LabelContext, graph: CompiledGraph, plan: Plan | None, tag: str,
+           interrupted: bool = False) -> CallLabeller:
+        return CallLabeller(ctx, graph, plan, _BufferCategories(plan, graph.wrapper, graph.role, interrupted), tag)
+
+    def unopened(self, pos: int, kern: str, survives_call: bool) -> None:
+        """An allocation inside a scope the wrapper does not open (autotuning)."""
+        self.ctx.set(pos, Category.WORKSPACE if not survives_call else Category.TEMPORARY, f"{self.tag}:{kern}", "",
+                     kern)
+
+    def direct(self, pos: int, root: str, survives_call: bool, freed_in_bw: bool) -> None:
+        """The wrapper's own allocation of buffer `root`."""
+        wrapper = self.graph.wrapper
+        writer = wrapper.writer.get(root)
+        writer_call = wrapper.calls[writer] if writer is not None else None
+        kern = (writer_call.scope or writer_call.kernel) if writer_call is not None else "(no kernel)"
+        self._buffer(pos, root, kern, survives_call, freed_in_bw)
+
+    def in_child(self, pos: int, kern: str, call: int | None, freed_in_child: bool, survives_call: bool,
+                 freed_in_bw: bool) -> None:
+        """An allocation inside the top-level scope `kern` of the wrapper's call number `call`."""
+        graph, wrapper = self.graph, self.graph.wrapper
+        site = wrapper.calls[call] if call is not None else None
+        if site is None or site.out is None or freed_in_child:  # a kernel's own scratch
+            nodes = graph.origins.get(site.out or "", []) if site is not None else []
+            if not nodes and site is not None:
+                nodes = [x for a in site.args for x in graph.origins.get(wrapper.root(a), [])[-1:]]
+            node = nodes[-1] if nodes else kern
+            self.ctx.set(pos, Category.WORKSPACE, f"{self.tag}:{node}", node_layer(self.plan, graph.role, *nodes[::-1]),
+                         kern)
+            return
+        self._buffer(pos, site.out, kern, survives_call, freed_in_bw)
+
+    def _buffer(self, pos: int, root: str, kern: str, survives_call: bool, freed_in_bw: bool) -> None:
+        origins = self.graph.origins.get(root, [])
+        node, cat = self.categories.of(root, origins[-1] if origins else root, survives_call, freed_in_bw)
+        self.ctx.set(pos, cat, f"{self.tag}:{node}", node_layer(self.plan, self.graph.role, node, *origins[::-1]), kern)
+
+
+def call_tag(graph: CompiledGraph | None, plan: Plan | None) -> str:
+    """A call's prefix in FX node labels: fw0, bw0, inf1, ... (graph: a graph without a plan)."""
+    tag = _ROLE_TAGS.get(graph.role, "graph") if graph is not None else "graph"
+    return f"{tag}{plan.index}" if plan is not None else tag
+
+
 def label_buffers(ctx: LabelContext, n: CallNesting, alloc_pos: np.ndarray, graph: CompiledGraph,
                   plan: Plan | None, tag: str, freed_in_bw: np.ndarray, interrupted: bool = False) -> None:
     """Labels of a verified call: each allocation's buffer, FX node and category."""
-    wrapper = graph.wrapper
-    call_of_child = _calls_of_children(ctx, n, wrapper)
-    categories = _BufferCategories(plan, wrapper, graph.role, interrupted)
-    expected = wrapper.expected_allocs
+    call_of_child = _calls_of_children(ctx, n, graph.wrapper)
+    labeller = CallLabeller.of(ctx, graph, plan, tag, interrupted)
+    expected = graph.wrapper.expected_allocs
     d = 0
     for i in range(len(alloc_pos)):
-        pos = alloc_pos[i]
-        if not n.in_child[i] and not n.is_direct[i]:  # inside a scope the wrapper does not open (autotuning)
-            kern = ctx.strings[int(ctx.raw["scope"][n.rows[i]])]
-            ctx.set(pos, Category.WORKSPACE if not n.survives_call[i] else Category.TEMPORARY, f"{tag}:{kern}", "",
-                    kern)
-            continue
+        pos, survives, in_bw = int(alloc_pos[i]), bool(n.survives_call[i]), bool(freed_in_bw[alloc_pos[i]])
         if n.is_direct[i]:
-            root = expected[d].buf
+            labeller.direct(pos, expected[d].buf, survives, in_bw)
             d += 1
-            writer = wrapper.writer.get(root)
-            writer_call = wrapper.calls[writer] if writer is not None else None
-            kern = (writer_call.scope or writer_call.kernel) if writer_call is not None else "(no kernel)"
-        else:
+        elif n.in_child[i]:
             c = int(n.child_of[i])
-            ci = call_of_child[c]
-            kern = _child_name(ctx, n, c)
-            site = wrapper.calls[ci] if ci is not None else None
-            if site is None or site.out is None or n.freed_in_child[i]:  # a kernel's own scratch
-                nodes = graph.origins.get(site.out or "", []) if site is not None else []
-                if not nodes and site is not None:
-                    nodes = [x for a in site.args for x in graph.origins.get(wrapper.root(a), [])[-1:]]
-                node = nodes[-1] if nodes else kern
-                ctx.set(pos, Category.WORKSPACE, f"{tag}:{node}", node_layer(plan, graph.role, *nodes[::-1]), kern)
-                continue
-            root = site.out
-        origins = graph.origins.get(root, [])
-        node, cat = categories.of(root, origins[-1] if origins else root, bool(n.survives_call[i]),
-                                  bool(freed_in_bw[pos]))
-        ctx.set(pos, cat, f"{tag}:{node}", node_layer(plan, graph.role, node, *origins[::-1]), kern)
+            labeller.in_child(pos, _child_name(ctx, n, c), call_of_child[c], bool(n.freed_in_child[i]), survives, in_bw)
+        else:
+            labeller.unopened(pos, ctx.strings[int(ctx.raw["scope"][n.rows[i]])], survives)
 
 
 def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, alloc_pos: np.ndarray,
@@ -200,8 +239,7 @@ def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, al
     graph = ctx.graphs.get(key)
     role = graph.role if graph is not None else "unknown"
     plan = ctx.plans.get(graph.plan) if graph is not None and graph.plan is not None else None
-    tag = _ROLE_TAGS.get(role, "graph")
-    tag = f"{tag}{plan.index}" if plan is not None else tag
+    tag = call_tag(graph, plan)
     n = nesting(ctx, thread, begin, end, graph, alloc_pos)
     # the call was still running when the capture ended, or an OOM ended it (its scope closes as the
     # exception unwinds)

@@ -45,7 +45,7 @@ def window_caveats(info: CaptureInfo, raw: np.ndarray) -> list[str]:
                    "a ring): peaks and attribution are those of these steps")
     if blocks.any():
         out.append(f"{int(blocks.sum()):,} blocks ({fmt_bytes(int(raw['bytes'][blocks].sum()))}) live when the stored "
-                   "steps began are carried in with their own allocation events: their bytes are exact; known "
-                   "parameters, gradients and optimizer state are named, the rest are labelled from their "
-                   "allocating op and lifetime (not joined to the FX node of a compiled graph)")
+                   "steps began are carried in with their own allocation events and the scopes they were made "
+                   "in: their bytes are exact, and each is labelled as a full capture labels it (joined to its "
+                   "compiled graph's buffer and FX node, or named as a parameter, gradient or optimizer state)")
     return out

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import memprof
@@ -102,6 +103,78 @@ def test_the_ring_of_the_last_steps_attributes_as_the_full_capture() -> None:
     assert [s.step for s in short.steps()] == [1, 2, 3, 4]
 
 
+# A compiled loop as nanoGPT writes it: the next batch is made after the forward (the current one is
+# then held only by the autograd graph, which saves it and frees it in the backward), the logits of
+# the step before are kept (a compiled forward's output live where the stored steps begin).
+COMPILED_LOOP = """\
+import torch
+
+torch.manual_seed(0)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(64, 32)
+        self.a, self.b = torch.nn.Linear(32, 128), torch.nn.Linear(128, 64)
+
+    def forward(self, idx, targets):
+        logits = self.b(torch.relu(self.a(self.emb(idx))))
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, 64), targets.view(-1))
+        return loss, logits.detach() * 2
+
+
+model = Net()
+step_fn = torch.compile(model)
+opt = torch.optim.AdamW(model.parameters())
+
+
+def batch():
+    return torch.randint(0, 64, (8, 16)), torch.randint(0, 64, (8, 16))
+
+
+x, y = batch()
+prev = None
+for step in range(8):
+    loss, logits = step_fn(x, y)
+    x, y = batch()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    prev = logits
+"""
+
+
+def _run_compiled() -> None:
+    import torch._dynamo
+
+    torch._dynamo.reset()  # (each capture records its own compile: plans are recorded as graphs compile)
+    exec(compile(COMPILED_LOOP, "compiled_loop.py", "exec"), {"__name__": "compiled_loop"})
+
+
+def test_a_window_and_a_ring_of_a_compiled_loop_attribute_as_the_full_capture() -> None:
+    """Blocks carried in from compiled calls (the logits kept) are joined to their graph's buffers
+    from the scopes they were made in, and a window's blocks freed after it (the next batch, saved
+    for its backward) are told saved as in a full capture: every grouping equals it, to the byte."""
+    with memprof.capture() as full:
+        _run_compiled()
+    with memprof.capture(steps=(4, 6)) as window:
+        _run_compiled()
+    with memprof.capture(keep_last=3) as ring:
+        _run_compiled()
+    for part, steps in ((window, [4, 5, 6]), (ring, [6, 7, 8])):
+        carried = (part.raw["flags"] & FLAG_CARRIED) != 0
+        in_calls = [b for b in part.carried if any(part.strings[s].startswith("## Call CompiledFxGraph")
+                                                   for s, _ in b.path)]
+        assert carried.any() and in_calls, "a compiled forward's output is carried in"
+        assert all(part.carried[i].row < part.carried[i + 1].row for i in range(len(part.carried) - 1))
+        _same_attribution(full, part, steps)
+    markers = np.flatnonzero(window.raw["kind"] == Kind.STEP)
+    after = window.raw[markers[-1] + 1:]
+    assert len(after) and set(after["kind"].tolist()) <= {Kind.FREE, Kind.SCOPE_BEGIN, Kind.SCOPE_END}
+    assert [s.step for s in window.steps()] == [4, 5, 6]  # what follows the window is no step
+
+
 def test_the_ring_holds_only_its_steps_in_memory() -> None:
     """The store frees the chunks behind the ring: its memory stays about the ring's size."""
     import torch
@@ -138,11 +211,11 @@ def test_trace_windows_and_their_bad_input(tmp_path: Path) -> None:
         line = one_line_error(invoke_memprof("trace", *args, "loop.py", cwd=tmp_path))
         assert words in line, line
     assert not list(tmp_path.glob("*.memprof"))
-    # after SCRIPT, --steps N is the script's own (scripts often have one); --steps A:B is memprof's
+    # after SCRIPT, --steps N is the script's own (scripts often have one), in its place; --steps A:B is memprof's
     (tmp_path / "argv.py").write_text("import sys\nprint('ARGV', sys.argv[1:])\n")
     res = invoke_memprof("trace", "argv.py", "--steps", "3", "x", "--steps=4", "--steps", "1:1", "-o", "a.memprof",
                          cwd=tmp_path)
-    assert res.returncode == 0 and "ARGV ['x', '--steps', '3', '--steps=4']" in res.stdout, res.stderr
+    assert res.returncode == 0 and "ARGV ['--steps', '3', 'x', '--steps=4']" in res.stdout, res.stderr
     assert memprof.load(tmp_path / "a.memprof").info.window == (1, 1)
     res = invoke_memprof("trace", "loop.py", "--steps", "2:3", "--exit-after", "5", cwd=tmp_path)
     assert res.returncode == 0 and "done" not in res.stdout, res.stderr  # ended after step 3, cleanly
