@@ -9,19 +9,26 @@
 from __future__ import annotations
 
 from memprof._version import __version__
+from memprof.analysis.attribution import AttributionRow
+from memprof.analysis.timeline import StepStat, Timeline
 from memprof.capture import Capture, LiveAllocation, load
 from memprof.capture_info import CaptureInfo
-from memprof.errors import CaptureFileError, MemprofError, NativeUnavailable, SaveError
-from memprof.recorder import active, capture, step
+from memprof.errors import CaptureFileError, IncompleteCaptureError, MemprofError, NativeUnavailable, SaveError
+from memprof.recorder import active
+from memprof.session import capture, step
 
 __all__ = [
+    "AttributionRow",
     "Capture",
     "CaptureFileError",
     "CaptureInfo",
+    "IncompleteCaptureError",
     "LiveAllocation",
     "MemprofError",
     "NativeUnavailable",
     "SaveError",
+    "StepStat",
+    "Timeline",
     "__version__",
     "active",
     "capture",

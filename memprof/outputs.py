@@ -9,11 +9,13 @@ lands; `sweep` checks its output directory with `sweep.runner.prepare_dir`.
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from memprof.errors import MemprofError
 
@@ -40,12 +42,13 @@ def _same(a: Path, b: Path) -> bool:
         return False
 
 
-def check_writable(path: Path, force: bool) -> None:
-    """Refuse, in one line, an output path memprof could not (or should not) write."""
+def check_writable(path: Path, force: bool, hint: str = "") -> None:
+    """Refuse, in one line, an output path memprof could not (or should not) write (`hint`: more words
+    for a file that exists)."""
     if path.exists() and path.is_dir():
         raise MemprofError(f"{path} is a directory; give a file name")
     if path.exists() and not force:
-        raise MemprofError(f"{path} already exists; pass --force to overwrite it or -o to choose another file")
+        raise MemprofError(f"{path} already exists; pass --force to overwrite it or -o to choose another file{hint}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.exists():
         raise MemprofError(f"output directory {parent} does not exist")
@@ -58,9 +61,11 @@ def check_writable(path: Path, force: bool) -> None:
         raise MemprofError(f"cannot write to output directory {parent}: {exc.strerror or exc}") from None
 
 
-def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str, Path]], force: bool) -> None:
+def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str, Path]], force: bool,
+                  hints: Mapping[str, str] | None = None) -> None:
     """The one check of a command's output files (option -> path; None: not asked for): each is
-    writable, none is an input (`inputs`: what -> path) and no two are the same file."""
+    writable, none is an input (`inputs`: what -> path) and no two are the same file (`hints`: option
+    -> more words for an output that exists)."""
     given = [(opt, p) for opt, p in outputs.items() if p is not None]
     for opt, p in given:
         for what, source in inputs:
@@ -70,8 +75,8 @@ def check_outputs(outputs: Mapping[str, Path | None], inputs: Iterable[tuple[str
         for other, q in given[:i]:
             if _same(p, q):
                 raise MemprofError(f"{opt} and {other} are the same file ({p}); give each its own")
-    for _opt, p in given:
-        check_writable(p, force)
+    for opt, p in given:
+        check_writable(p, force, (hints or {}).get(opt, ""))
 
 
 def current_umask() -> int:
@@ -80,17 +85,22 @@ def current_umask() -> int:
     return mask
 
 
-def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
-    """Write `path` through a temporary file beside it, renamed into place once complete; the file
+def atomic_write(path: Path, write: Callable[[IO[bytes]], object], replace: bool = True) -> Path:
+    """Write `path` through a temporary file beside it, moved into place once complete; the file
     gets the permissions a plain `open()` would (0o666 less the umask), and a failed write (a full
-    disk) leaves neither a partial file nor the temporary one."""
+    disk) leaves neither a partial file nor the temporary one. Without `replace`, a file at `path`
+    (one that appeared meanwhile) is kept and FileExistsError raised: the move is a hard link, which
+    never replaces a file."""
     parent = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), 0o666 & ~current_umask())  # mkstemp makes it 0600
             write(fh)
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _move_new(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -98,17 +108,58 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> Path:
     return path
 
 
-def write_text(path: Path, text: str) -> Path:
+def _move_new(tmp: str, path: Path) -> None:
+    try:
+        os.link(tmp, path)  # FileExistsError where a file is there
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: the check and the rename are apart
+        if path.exists():
+            raise FileExistsError(str(path)) from None
+        os.replace(tmp, path)
+        return
+    os.unlink(tmp)
+
+
+def free_name(path: Path) -> Path:
+    """The first `NAME.N.SUFFIX` beside `path` that does not exist (`run.memprof` -> `run.1.memprof`)."""
+    n = 1
+    while (candidate := path.with_name(f"{path.stem}.{n}{path.suffix}")).exists():
+        n += 1
+    return candidate
+
+
+def write_text(path: Path, text: str, replace: bool = True) -> Path:
     """`atomic_write` of a UTF-8 text."""
-    return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
+    return atomic_write(path, lambda fh: fh.write(text.encode("utf-8")), replace)
 
 
 def existing_file(path: str | os.PathLike[str], missing: str, directory: str,
                   error: type[MemprofError] = MemprofError) -> Path:
-    """`path` when it is an existing file; else `error` with the `missing` or the `directory` message."""
+    """`path` when it is an existing regular file; else `error` with the `missing` or the `directory`
+    message, or that it is no regular file (a device such as /dev/zero, a FIFO: reading one would
+    never end, or never begin)."""
     p = Path(path)
     if not p.exists():
         raise error(missing)
     if p.is_dir():
         raise error(directory)
+    if not p.is_file():
+        raise error(f"{path} is not a regular file")
     return p
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
+
+
+def json_text(value: Any, **options: Any) -> str:
+    """JSON that every parser reads: NaN and infinities (a capture's odd budget, say) are written as
+    null, and whoever wrote them says so beside them (`Capture.caveats`)."""
+    return json.dumps(_finite(value), allow_nan=False, **options)

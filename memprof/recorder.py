@@ -1,10 +1,6 @@
-"""Recording a capture: `memprof.capture()`, `memprof.step()` and the recorder that owns the native
-session, the run-time hooks and the never-lose-a-capture policy.
-
-The recorder fills the `Capture` it yields once when it stops (`Capture.set_recorded`). With `output`,
-the capture is written there however the block ends: normally, by an exception (an OOM included),
-`sys.exit`, Ctrl-C or SIGTERM/SIGHUP (which would otherwise kill the process unsaved; after the save
-the signal is delivered again, so the process ends as it would have)."""
+"""Recording a capture: the recorder that owns the native session and the run-time hooks, and the one
+capture a process may run at a time (`memprof.session` has `memprof.capture()`, `memprof.step()` and
+the never-lose-a-capture policy). The recorder fills its `Capture` once, when it stops."""
 
 from __future__ import annotations
 
@@ -12,24 +8,22 @@ import atexit
 import collections
 import contextlib
 import os
-import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from memprof import environment, spill
-from memprof._events import EVENT_DTYPE
+from memprof._events import EVENT_DTYPE, CarriedBlock
 from memprof._native import native, ring_events, thread_table
 from memprof.analysis.distributed import DDP_BUCKETS_BEGIN, DDP_BUCKETS_END
 from memprof.analysis.timeline import GC_START, GC_STOP
+from memprof.background import Background
 from memprof.capture import Capture
 from memprof.capture_info import Keep
-from memprof.errors import MemprofError, SaveError, one_line
-from memprof.outputs import resolve
-from memprof.runner import FatalSignals, outcome
+from memprof.console import say
+from memprof.errors import MemprofError, one_line
 from memprof.torch_hooks import runtime
 from memprof.torch_hooks.patch import Patches
 
@@ -44,6 +38,7 @@ _NO_LAST = (1 << 63) - 1  # a step window without an end
 _lock = threading.Lock()
 _active: Recorder | None = None
 _atexit_registered = False
+_started = 0  # captures started in this process (a forked child counts its parent's)
 
 
 class Recorder:
@@ -61,10 +56,12 @@ class Recorder:
         self.kernels = kernels and scopes != "none"
         self.thread_ident = threading.get_ident()
         self.native_tid = threading.get_native_id()
+        self.pid = os.getpid()
         self.step = 0
         self.explicit_steps = False
         self.stopped = False
         self.spill: spill.SpillWriter | None = None
+        self.background: Background | None = None
         self._patches = Patches()
         self.meta = environment.base_meta()
         self.children = {"dataloader": 0, "other": 0}  # processes started with multiprocessing
@@ -94,6 +91,9 @@ class Recorder:
         except RuntimeError as exc:
             raise MemprofError(str(exc)) from None
         self.meta["t_start_ns"] = int(C.now_ns())
+        global _started
+        self.meta["first_in_process"] = _started == 0  # (no CPU block of an earlier capture can be freed in it)
+        _started += 1
         try:
             self._install(torch, C, cuda_ready)
         except BaseException:
@@ -144,14 +144,16 @@ class Recorder:
         runtime.on_optimizer_step(p, self._on_optimizer_step)
         runtime.on_profiler_start(p, self._on_profiler_start)
 
-    def start_spill(self, path: Path, meta: dict[str, Any]) -> None:
-        """Stream what this session records to `path` (`memprof.spill`) until it stops."""
+    def start_spill(self, fd: int, path: Path, meta: dict[str, Any]) -> None:
+        """Stream what this session records to the claimed spill `path` (`memprof.spill`) until it stops."""
         try:
-            self.spill = spill.SpillWriter(path, native(), {**self.meta, **meta, "native_tid": self.native_tid},
+            self.spill = spill.SpillWriter(fd, path, native(), {**self.meta, **meta, "native_tid": self.native_tid},
                                            self._recorded, ring=bool(self.keep.keep_last))
         except OSError as exc:
-            print(f"memprof: warning: no spill at {path} ({exc.strerror or exc}): the capture is kept in memory "
-                  "only (a kill would lose it)", file=sys.stderr)
+            os.close(fd)
+            self.remove_spill(path)
+            say(f"memprof: warning: no spill at {path} ({exc.strerror or exc}): the capture is kept in memory "
+                "only (a kill would lose it)")
 
     def _recorded(self) -> spill.Recorded:
         rec = self.plan_recorder
@@ -162,10 +164,11 @@ class Recorder:
         pending = self.keep.last is not None and not self._window_known
         return spill.Recorded(rec.plans, rec.graphs, [] if pending else rec.tensors, pruned)
 
-    def remove_spill(self) -> None:
-        if self.spill is not None:
+    def remove_spill(self, path: Path | None = None) -> None:
+        path = path or (self.spill.path if self.spill is not None else None)
+        if path is not None:
             with contextlib.suppress(OSError):
-                self.spill.path.unlink()
+                path.unlink()
 
     def _install_plans(self) -> None:
         if self.stopped:  # a stale reference to the torch.compile wrapper, called after the capture
@@ -182,9 +185,9 @@ class Recorder:
         """torch.profiler starting during the capture: stop the capture cleanly first."""
         if _active is self and threading.get_ident() == self.thread_ident:
             self.meta["stopped_by"] = "torch.profiler"  # Capture.caveats says so at the top
-            print("memprof: the script started torch.profiler, which shares PyTorch's profiler slot with "
-                  "memprof: the capture stopped there; later events are not captured", file=sys.stderr)
-            _stop_active()
+            say("memprof: the script started torch.profiler, which shares PyTorch's profiler slot with "
+                "memprof: the capture stopped there; later events are not captured")
+            stop_active()
 
     def _attach_tracker(self) -> None:
         environment.tracker_attached(self.meta, native().attach_cuda_tracker(), self._note)
@@ -207,8 +210,8 @@ class Recorder:
             self._bound_known()
         if self.keep.exit_after and self.keep.last is not None and self.step >= self.keep.last:
             self.meta["ended_by"] = "exit-after"
-            print(f"memprof: steps {self.keep.first}-{self.keep.last} are recorded: ending the script "
-                  "(--exit-after)", file=sys.stderr)
+            say(f"memprof: steps {self.keep.first}-{self.keep.last} are recorded: ending the script "
+                "(--exit-after)")
             raise SystemExit(0)
         return self.step
 
@@ -227,8 +230,12 @@ class Recorder:
         if len(self._marker_ns) > keep.keep_last and step % keep.keep_last == 0:
             rec.prune_tensors(self._marker_ns[0])  # the marker the ring starts at
 
-    def stop(self) -> None:
+    def stop(self, dying: bool = False) -> None:
+        """End the session and fill the capture. `dying`: the process is about to die by a signal and the
+        session was frozen (`_C.freeze`) on another thread: the hooks stay in place, inert."""
         self.stopped = True
+        if self.background is not None and not dying:  # (a dying session is stopped on that thread)
+            self.background.stop()
         if self.spill is not None:
             self.spill.close()  # what was recorded up to here is on disk before the session ends
         rec = self.plan_recorder
@@ -237,18 +244,14 @@ class Recorder:
                        "memprof's compile hooks wait for torch.compile, so no compile plans were recorded")
         C = native()
         warning = ""
-        try:
-            warning = C.stop()
-        finally:
-            self._patches.undo()
+        if not dying:
+            try:
+                warning = C.stop()
+            finally:
+                self._patches.undo()
         if warning:
             self._note(warning)
-        # every event: the ring's (what was carried into it, then its own), or what the spill holds (the
-        # store freed it) and the store's tail, or the store's
-        if self.keep.keep_last or self.spill is None:
-            raw = ring_events() if self.keep.keep_last else np.asarray(C.events()).view(EVENT_DTYPE)
-        else:
-            raw = self.spill.session_events()
+        raw, carried = self._events()
         dropped = int(C.dropped())
         threads = thread_table()
         main = [t["index"] for t in threads if t["tid"] == self.native_tid]
@@ -263,21 +266,30 @@ class Recorder:
         strings = list(C.strings())
         C.release()
         self.cap.set_recorded(raw, strings, self.meta, threads, list(rec.plans) if rec else [],
-                              list(rec.graphs) if rec else [], list(rec.tensors) if rec else [])
+                              list(rec.graphs) if rec else [], list(rec.tensors) if rec else [], carried)
+
+    def _events(self) -> tuple[np.ndarray, list[CarriedBlock]]:
+        """Every event and where the carried blocks were allocated: the ring's (what was carried into it,
+        then its own), or what the spill holds (the store freed it) and the store's tail, or the store's."""
+        C = native()
+        if self.keep.keep_last:
+            return ring_events()
+        raw = self.spill.session_events() if self.spill is not None else np.asarray(C.events()).view(EVENT_DTYPE)
+        return raw, CarriedBlock.from_native(C.window_context())
 
 
 def _at_exit() -> None:
     """Interpreter exit with a capture still open (a `capture()` entered and never left): stop it
     with a warning line instead of a traceback, then stop every hook for good."""
     if _active is not None and _active.meta.get("pid") == os.getpid():  # not a forked child's copy
-        print("memprof: warning: a capture was still open at interpreter exit; it was stopped there "
-              "(nothing is saved unless the script saves it)", file=sys.stderr)
+        say("memprof: warning: a capture was still open at interpreter exit; it was stopped there "
+            "(nothing is saved unless the script saves it)")
         with contextlib.suppress(Exception):
-            _stop_active()
+            stop_active()
     native().shutdown()
 
 
-def _stop_active() -> None:
+def stop_active() -> None:
     global _active
     with _lock:
         rec, _active = _active, None
@@ -285,114 +297,18 @@ def _stop_active() -> None:
         rec.stop()
 
 
-def _save(cap: Capture, path: Path, rec: Recorder) -> None:
-    try:
-        cap.saved_to = cap.save(path)
-    except OSError as exc:
-        if rec.spill is not None and rec.spill.failed:  # (a full disk) a partial spill is no copy: nothing stays
-            rec.remove_spill()
-        kept = spill.spill_path(path)
-        also = (f" (its spill {kept} holds what was recorded: memprof report {path} recovers it)"
-                if kept.exists() else "")
-        raise SaveError(f"the capture could not be written to {path}: {exc.strerror or exc}{also}") from None
-
-
-@contextlib.contextmanager
-def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
-            meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
-            knapsack_evaluator: bool = False, replace_spill: bool = False, keep: Keep | None = None
-            ) -> Iterator[Capture]:
-    """`capture()` with memprof's own options (`knapsack_evaluator`: the sweep's measurements;
-    `replace_spill`: `memprof trace --force` replaces the spill a killed run left; `keep`: which
-    steps are stored, and `Keep.exit_after`)."""
+def activate(rec: Recorder) -> None:
+    """Start `rec` as the process's one capture (a one-line error while another runs)."""
     global _active
-    if scopes not in SCOPE_BITS:
-        raise MemprofError(f"scopes must be one of {sorted(SCOPE_BITS)}, got {scopes!r}")
-    if max_events <= 0:
-        raise MemprofError(f"max_events must be positive, got {max_events}")
-    out = resolve(output) if output is not None else None  # a chdir in the block must not move it
-    left = spill.spill_path(out) if out is not None else None
-    if left is not None and left.exists():  # the only copy of that run: never replaced silently
-        if not replace_spill:
-            raise MemprofError(f"{left} is the spill of an earlier run that was cut short: memprof report {out} "
-                               "(or memprof.load) recovers it; move or delete it (memprof trace: --force) to "
-                               "record again")
-        left.unlink()
-    cap = Capture(meta=dict(meta or {}))
-    rec = Recorder(cap, max_events, scopes, kernels, plans, knapsack_evaluator, keep)
     with _lock:
         if _active is not None:
             raise MemprofError("a memprof capture is already active in this process")
         rec.start()
         _active = rec
-    if left is not None:
-        rec.start_spill(left, cap.meta)
-    signals = FatalSignals()
-    ended: BaseException | None = None
-    try:
-        with signals:
-            yield cap
-    except BaseException as exc:
-        ended = exc
-        raise
-    finally:
-        signals.restore()
-        if _active is rec:
-            _stop_active()
-        result = outcome(ended)
-        cap.note_outcome(result.status, result.exit_code, result.error)
-        if out is not None and not cap.recording:
-            try:
-                _save(cap, out, rec)
-            except SaveError as exc:
-                if ended is None:
-                    raise
-                print(f"memprof: error: {exc}", file=sys.stderr)  # the block's own exception goes on
-            else:
-                rec.remove_spill()  # the capture is on disk: its spill has done its job
-        signals.deliver()
 
 
-@contextlib.contextmanager
-def capture(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
-            meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
-            steps: tuple[int, int] | None = None, keep_last: int | None = None) -> Iterator[Capture]:
-    """Capture every allocation and free (CPU on every thread; CUDA on this thread and its autograd
-    threads, and through the allocator tracker on others).
-
-    `scopes` picks the RecordFunction scopes recorded: "ops" (every aten op, autograd node and,
-    with `kernels`, each Triton kernel launch), "graphs" (compiled-graph calls and user
-    record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
-    open a scope for each compiled graph call and kernel launch. `plans` records what
-    torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
-    AOTAutograd's and Inductor's FX graph caches hold memprof's own entries meanwhile) for
-    `Capture.attribution`. The yielded `Capture` is filled when the block exits, also when it exits
-    by an exception. With `output`, it is also
-    saved there (atomically) however the block exits: an exception, an OOM, `sys.exit`, Ctrl-C or
-    SIGTERM/SIGHUP; a file that cannot be written raises `SaveError` (after a normal exit) or is
-    one stderr line (when the block's own exception is on its way out).
-
-    `steps=(A, B)` stores only steps A to B (step k ends at the k-th optimizer step or
-    `memprof.step()`; step 1 starts with the block); `keep_last=N` only the last N complete steps
-    and the one in progress. Either way the blocks live where the stored steps begin are kept
-    exactly (their own allocation events), so attribution there sums as in a full capture; compile
-    plans are recorded for every graph compiled in the block.
-    """
-    with session(max_events=max_events, scopes=scopes, kernels=kernels, plans=plans, meta=meta,
-                 output=output, keep=Keep.of(steps, keep_last)) as cap:
-        yield cap
-
-
-def step() -> int:
-    """Mark the end of a training step in the active capture; returns the step number (0 if none).
-
-    Once a script calls `memprof.step()`, optimizer steps no longer add markers of their own.
-    """
-    rec = _active
-    if rec is None:
-        return 0
-    rec.explicit_steps = True
-    return rec.mark_step(source="memprof.step")
+def current() -> Recorder | None:
+    return _active
 
 
 def active() -> bool:

@@ -1,20 +1,42 @@
-"""Run an unmodified Python script as `python SCRIPT ARGS` would, inside this process."""
+"""Running an unmodified script as `python SCRIPT ARGS` runs it, inside this process (`run_script`),
+and under a capture (`traced`: what `memprof trace` and each measuring sweep process do).
+
+The script gets what Python gives it: `sys.argv` as typed (`./s.py` stays `./s.py`), an absolute
+`__file__` and code file name, a `SourceFileLoader` as `__loader__`, the script's real directory as
+`sys.path[0]`, and the signal dispositions the shell left (memprof takes over only SIGTERM and SIGHUP
+where their action is the default, at the OS level, so `signal.getsignal()` answers as under
+Python). Once its code has run, Python's own exit sequence waits for its non-daemon threads
+(`threading`'s exit functions, then each joined) before memprof stops the capture. An uncaught
+exception goes to `sys.excepthook`; a KeyboardInterrupt, or a fatal signal, ends memprof's process
+by that signal, once the capture is saved.
+"""
 
 from __future__ import annotations
 
 import builtins
+import contextlib
+import importlib.machinery
+import os
+import shlex
 import signal
 import sys
 import threading
 import traceback
 import types
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from memprof.errors import MemprofError, one_line
-from memprof.outputs import existing_file
+from memprof.capture_info import Keep
+from memprof.console import flush_std, say
+from memprof.errors import MemprofError
+from memprof.outcome import ScriptResult, outcome
+from memprof.outputs import existing_file, shown, write_text
+
+if TYPE_CHECKING:
+    from memprof.capture import Capture
 
 _PY_SUFFIXES = {".py", ".pyw"}
 
@@ -38,176 +60,108 @@ def check_script(script: str) -> Path:
     return path
 
 
-@dataclass
-class ScriptResult:
-    exit_code: int
-    status: str  # completed | exit | exception | oom | interrupted
-    error: str | None = None  # one line: the exception, for exception/oom
+@dataclass(frozen=True)
+class Ending:
+    """How memprof's process ends once the capture is saved: with `code`, or by `signal` (after
+    Python's exit functions, as Python ends on an uncaught KeyboardInterrupt; `at_once`: as a fatal
+    signal that came while memprof saved would have ended the program, with none)."""
+
+    code: int
+    signal: int | None = None
+    at_once: bool = False
 
 
-class Terminated(BaseException):
-    """SIGTERM or SIGHUP, raised in the main thread so the capture is saved."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
+def _absolute(given: str) -> str:
+    """The script's path as Python makes `__file__` of it: joined to the working directory, not normalized."""
+    return given if os.path.isabs(given) else os.path.join(os.getcwd(), given)
 
 
-_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
+def _main_module(file: str) -> types.ModuleType:
+    """`__main__` as Python makes it for a script."""
+    main = types.ModuleType("__main__")
+    names = vars(main)
+    if "__annotations__" in getattr(sys.modules.get("__main__"), "__dict__", {}):
+        names["__annotations__"] = {}  # (Python gives every __main__ one, up to 3.13)
+    names.update({"__file__": file, "__builtins__": builtins, "__cached__": None,
+                  "__loader__": importlib.machinery.SourceFileLoader("__main__", file)})
+    return main
 
 
-class SignalGuard:
-    """Ctrl-C, SIGTERM and SIGHUP while a script runs under capture, then while memprof saves.
-
-    While the script runs, each ends it (KeyboardInterrupt, or `Terminated` for SIGTERM/SIGHUP) so
-    the capture is saved. From the moment the script has ended (`script_done`, called by
-    `run_script` before anything else happens) no signal can interrupt memprof: one prints that the
-    capture is being saved and is remembered (`received`), so stopping the capture and writing the
-    file always finish. Install on the main thread only (elsewhere it does nothing)."""
-
-    def __init__(self) -> None:
-        self.running = False
-        self.received: list[int] = []
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> SignalGuard:
-        if _main_thread():
-            for sig in _SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-            self.running = True
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def script_done(self) -> None:
-        """The script has ended: from now on signals wait for the save (the script's own handlers,
-        if it installed any, are replaced)."""
-        self.running = False
-        if self._previous:
-            for sig in _SIGNALS:
-                signal.signal(sig, self._handle)
-
-    def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.running:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            raise Terminated(signum)
-        if not self.received:
-            print("memprof: saving the capture, please wait", file=sys.stderr, flush=True)
-        self.received.append(signum)
-
-
-class FatalSignals:
-    """SIGTERM and SIGHUP, where they would kill the process outright (their default action), end
-    the block with `Terminated` instead, so the capture is saved; `deliver` then sends the signal
-    again with its default action back. Main thread only; signals with handlers are left alone."""
-
-    def __init__(self) -> None:
-        self._installed: dict[int, Any] = {}
-        self.received: int | None = None
-
-    def __enter__(self) -> FatalSignals:
-        if threading.current_thread() is threading.main_thread():
-            for name in ("SIGTERM", "SIGHUP"):
-                sig = getattr(signal, name, None)
-                if sig is not None and signal.getsignal(sig) is signal.SIG_DFL:
-                    self._installed[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: object) -> None:
-        if self.received is None:
-            self.received = signum
-            raise Terminated(signum)
-
-    def restore(self) -> None:
-        for sig, handler in self._installed.items():
-            signal.signal(sig, handler)
-        self._installed.clear()
-
-    def __exit__(self, *exc: object) -> None:
-        self.restore()
-
-    def deliver(self) -> None:
-        if self.received is not None:
-            signal.raise_signal(self.received)
-
-
-def interrupted(exc: KeyboardInterrupt | Terminated) -> ScriptResult:
-    """The result of a script ended by Ctrl-C, SIGTERM or SIGHUP (`SignalGuard`), said on stderr."""
-    result = outcome(exc)
-    what = "interrupted (Ctrl-C)" if isinstance(exc, KeyboardInterrupt) else f"terminated ({result.error})"
-    print(f"memprof: {what}; saving the capture", file=sys.stderr)
-    return result
-
-
-def outcome(exc: BaseException | None) -> ScriptResult:
-    """How a run ended, from the exception that ended it (None: it ran to its end). Ctrl-C and
-    SIGTERM/SIGHUP (`Terminated`) are "interrupted", with the shell's exit code for the signal."""
-    if exc is None:
-        return ScriptResult(0, "completed")
-    if isinstance(exc, SystemExit):
-        return ScriptResult(_exit_code(exc.code), "exit")
-    if isinstance(exc, KeyboardInterrupt):
-        return ScriptResult(130, "interrupted", "KeyboardInterrupt")
-    if isinstance(exc, Terminated):
-        return ScriptResult(128 + exc.signum, "interrupted", signal.Signals(exc.signum).name)
-    return ScriptResult(1, "oom" if _is_oom(exc) else "exception", one_line(exc))
-
-
-def _script_traceback(exc: BaseException, path: Path) -> TracebackType | None:
+def _script_traceback(exc: BaseException, file: str) -> TracebackType | None:
     """The exception's traceback from the script's first frame on (memprof's frames removed); None
     when no frame is the script's (a SyntaxError: Python then shows the offending line itself)."""
     tb = exc.__traceback__
-    target = str(path)
-    while tb is not None and tb.tb_frame.f_code.co_filename != target:
+    while tb is not None and tb.tb_frame.f_code.co_filename != file:
         tb = tb.tb_next
     return tb
 
 
-def run_script(path: Path, args: list[str], stop: type[BaseException] | None = None,
-               signals: SignalGuard | None = None) -> ScriptResult:
-    """Execute `path` as __main__ with sys.argv = [path, *args]; never raises for script errors.
+def _uncaught(exc: BaseException, file: str) -> None:
+    """What Python does with an exception the script did not catch: `sys.excepthook` (the script's,
+    where it set one), and where the hook itself fails, both tracebacks."""
+    tb = _script_traceback(exc, file)
+    exc = exc.with_traceback(tb)  # (Python's own hook prints the exception's traceback, not the one given)
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except BaseException as hook_error:
+        with contextlib.suppress(Exception):
+            print("Error in sys.excepthook:", file=sys.stderr)
+            traceback.print_exception(hook_error)
+            print("\nOriginal exception was:", file=sys.stderr)
+            traceback.print_exception(type(exc), exc, tb)
 
-    `stop`: an exception type a hook raises to end the script early on purpose (status "stopped").
-    `signals`: the guard the caller holds around the capture and its save (one is made otherwise)."""
-    source = path.read_bytes()
+
+def _python_exit() -> None:
+    """Python's exit sequence up to the exit functions: `threading`'s own (an executor's workers are
+    let go) and every non-daemon thread joined. Python runs it again at its exit, and then it is done."""
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is not None and threading.current_thread() is threading.main_thread():
+        shutdown()
+
+
+def run_script(script: str | os.PathLike[str], args: list[str], stop: type[BaseException] | None = None,
+               exiting: bool = False) -> ScriptResult:
+    """Execute `script` (the path as given) as __main__ with sys.argv = [script, *args]; never raises for
+    the script's errors. `stop`: an exception type a hook raises to end the script early on purpose
+    (status "stopped"). `exiting`: the process ends with the script (memprof's command line): Python's
+    exit sequence runs once its code has (`_python_exit`: its non-daemon threads are waited for)."""
+    script = os.fspath(script)
+    file = _absolute(script)
+    source = Path(file).read_bytes()
     saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
     saved_main = sys.modules.get("__main__")
-    main = types.ModuleType("__main__")
-    main.__dict__.update({"__file__": str(path), "__builtins__": builtins, "__cached__": None})
-    sys.argv = [str(path), *args]
-    script_dir = str(path.resolve().parent)
+    main = _main_module(file)
+    sys.argv = [script, *args]
+    script_dir = os.path.dirname(os.path.realpath(file))
     if sys.path:
         sys.path[0] = script_dir
     else:
         sys.path.insert(0, script_dir)
     sys.modules["__main__"] = main
-    own = signals is None
-    guard = SignalGuard() if signals is None else signals
-    if own:
-        guard.__enter__()
+    result: ScriptResult | None = None
     try:
         try:
-            code = compile(source, str(path), "exec", dont_inherit=True)
+            code = compile(source, file, "exec", dont_inherit=True)
             exec(code, main.__dict__)
-        finally:
-            guard.script_done()  # first: a signal from here on must not interrupt memprof
-        return outcome(None)
-    except SystemExit as exc:
-        return outcome(exc)
-    except (KeyboardInterrupt, Terminated) as exc:
-        return interrupted(exc)
-    except BaseException as exc:  # the script's own error: print it as Python would
-        if stop is not None and isinstance(exc, stop):
-            return ScriptResult(0, "stopped")
-        traceback.print_exception(type(exc), exc, _script_traceback(exc, path), file=sys.stderr)
-        return outcome(exc)
+            result = outcome(None)
+        except SystemExit as exc:
+            if exc.code is not None and not isinstance(exc.code, int):
+                with contextlib.suppress(Exception):  # as Python prints a code that is no integer
+                    print(exc.code, file=sys.stderr)
+            result = outcome(exc)
+        except BaseException as exc:  # the script's own error: as Python would show it
+            if stop is not None and isinstance(exc, stop):
+                return ScriptResult(0, "stopped")
+            _uncaught(exc, file)
+            result = outcome(exc)
+        if exiting:
+            try:
+                _python_exit()
+            except KeyboardInterrupt as exc:  # Ctrl-C while Python waited for the script's threads
+                _uncaught(exc, file)
+                result = outcome(exc)
+        return result
     finally:
-        if own:
-            guard.__exit__(None, None, None)
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path:
             sys.path[0] = saved_path0
@@ -215,22 +169,202 @@ def run_script(path: Path, args: list[str], stop: type[BaseException] | None = N
             sys.modules["__main__"] = saved_main
 
 
-def _main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+_SAVE_SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
+class SaveGuard:
+    """From the script's end until memprof has saved and said so, no signal interrupts memprof: each
+    that would end the process prints that the capture is being saved and is remembered (`received`);
+    the process then ends by it. A signal the shell set to be ignored stays ignored. Main thread only
+    (elsewhere it does nothing)."""
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> SaveGuard:
+        if threading.current_thread() is threading.main_thread():
+            for sig in _SAVE_SIGNALS:
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.received:
+            say("memprof: saving the capture, please wait")
+        self.received.append(signum)
 
 
-def _is_oom(exc: BaseException) -> bool:
+@dataclass(frozen=True)
+class TraceOptions:
+    budget: float | None = None
+    remat: str = "off"
+    max_events: int | None = None
+    scopes: str = "ops"
+    kernels: bool = True
+    knapsack_evaluator: bool = False  # the sweep's measurements also run KnapsackEvaluator
+    force: bool = False  # --force: replace the outputs, and the spill a killed run left beside them
+    keep: Keep = field(default_factory=Keep)  # --steps, --keep-last, --exit-after
+    taken: tuple[str, ...] = ()  # memprof's options that came after SCRIPT (the summary names them)
+
+
+def _remat(mode: str) -> contextlib.AbstractContextManager[None]:
+    if mode == "off":
+        return contextlib.nullcontext()
+    from memprof.remat import enable
+
+    return enable(mode)
+
+
+@dataclass
+class Traced:
+    """What `traced` did: the capture (None in a forked child of the script, which saves nothing) and
+    how memprof's process is to end."""
+
+    capture: Capture | None
+    result: ScriptResult
+    ending: Ending
+
+
+def report(cap: Capture, out: Path, chrome_path: Path | None, save_error: str | None, launch: Path,
+           force: bool) -> None:
+    """The summary first, then where each file went (or why it could not be written). Of a
+    distributed run's ranks only rank 0 prints it; the others print only what went wrong."""
+    from memprof.reporters import render
+
+    quiet = cap.info.rank not in (None, 0)
+    if not quiet:
+        say(render("text", cap))
+    if chrome_path is not None:
+        try:
+            written = _write_new(chrome_path, render("chrome", cap), force)
+            if not quiet:
+                say(f"memprof: Chrome/Perfetto trace written to {shown(written, launch)} (open in ui.perfetto.dev)")
+        except OSError as exc:
+            say(f"memprof: error: the Chrome trace could not be written to {chrome_path}: {exc.strerror or exc}")
+    if save_error is None and not quiet and cap.saved_to is not None:
+        from memprof.ranks import run_path
+
+        saved = shown(cap.saved_to, launch)
+        also = f"; every rank's: memprof report {shown(run_path(cap.saved_to), launch)}" if cap.info.rank is not None \
+            else ""
+        say(f"memprof: capture saved to {saved} (memprof report {saved}{also})")
+    elif save_error is not None:
+        say(f"memprof: error: {save_error}")
+
+
+def _write_new(path: Path, text: str, force: bool) -> Path:
+    """Write `path`; without `force` a file that appeared there meanwhile is kept (`outputs.free_name`)."""
+    from memprof.outputs import free_name
+
+    target = path
+    while True:
+        try:
+            return write_text(target, text, replace=force)
+        except FileExistsError:
+            target = free_name(path)
+            say(f"memprof: warning: {path} appeared while the capture ran (memprof did not write it) and is not "
+                f"replaced: writing {target} instead")
+
+
+def traced(script: str, script_args: list[str], out: Path, chrome_path: Path | None, opts: TraceOptions,
+           launch: Path, exiting: bool = False, finished: Callable[[Capture], None] | None = None) -> Traced:
+    """Run the script under capture as `memprof trace` does: saved whatever happens, the summary
+    printed. `exiting`: memprof's process ends with the script (`run_script`); `finished(capture)`
+    runs once the capture is saved, also when a fatal signal is about to end the process."""
+    import torch._functorch.config as functorch_config
+
+    from memprof.analysis.window import never_opened
+    from memprof.errors import SaveError
+    from memprof.recorder import DEFAULT_MAX_EVENTS
+    from memprof.session import session
+
+    pid = os.getpid()
+    budget_set = (functorch_config.patch(activation_memory_budget=opts.budget) if opts.budget is not None
+                  else contextlib.nullcontext())
+    meta = {"command": shlex.join(["python", script, *script_args]), "argv": [script, *script_args],
+            "script": str(Path(script).resolve()), "remat": opts.remat,
+            "budget": opts.budget if opts.budget is not None else functorch_config.activation_memory_budget}
+    if opts.taken:
+        meta["options_after_script"] = list(opts.taken)
+
+    def on_fatal(cap: Capture, signum: int) -> None:
+        cap.meta.update(status="interrupted", exit_code=128 + signum, error=signal.Signals(signum).name)
+        report(cap, out, chrome_path, None, launch, opts.force)
+        if finished is not None:
+            finished(cap)
+
+    cap: Capture | None = None
+    result: ScriptResult | None = None
+    save_error: str | None = None
+    guard = SaveGuard()
     try:
-        import torch
-    except ImportError:  # pragma: no cover
-        return False
-    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+        with budget_set, _remat(opts.remat), session(
+                max_events=opts.max_events or DEFAULT_MAX_EVENTS, scopes=opts.scopes, kernels=opts.kernels,
+                meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator, replace_spill=opts.force,
+                keep=opts.keep, overwrite=opts.force, on_fatal=on_fatal) as cap:
+            try:
+                result = run_script(script, script_args, exiting=exiting)
+            except BaseException:
+                cap.meta.update(status="memprof-error", exit_code=None)  # memprof's own failure: still saved
+                raise
+            if os.getpid() == pid:
+                guard.__enter__()  # the script has ended: from here on signals wait for the save
+                cap.meta.update(status=result.status, exit_code=result.exit_code, error=result.error)
+    except SaveError as exc:
+        save_error = str(exc)
+    except BaseException:
+        if cap is not None and cap.saved_to is not None:
+            say(f"memprof: partial capture saved to {shown(cap.saved_to, launch)}")
+        guard.__exit__()
+        raise
+    assert result is not None
+    if os.getpid() != pid:  # a forked child of the script ends as the script's code says; the parent saves
+        return Traced(None, result, Ending(result.exit_code))
+    assert cap is not None
+    try:
+        report(cap, out, chrome_path, save_error, launch, opts.force)
+        if finished is not None:
+            finished(cap)
+    finally:
+        guard.__exit__()
+        flush_std()
+    if guard.received:  # a signal that came while saving ends the process as it would have ended it
+        return Traced(cap, result, Ending(128 + guard.received[-1], guard.received[-1], at_once=True))
+    empty = never_opened(cap.info)
+    if empty is not None and result.exit_code == 0:
+        say(f"memprof: error: {empty}")
+        return Traced(cap, result, Ending(1))
+    return Traced(cap, result, Ending(result.exit_code, result.signal))
+
+
+def end_process(ending: Ending) -> None:
+    """End memprof's process as `ending` says (memprof's command line: its process is the script's)."""
+    flush_std()
+    if ending.signal is None:
+        sys.exit(ending.code)
+    from memprof._native import native
+
+    if ending.at_once:
+        native().die_by_signal(ending.signal)
+    _END["signal"] = ending.signal  # after the exit functions (`at_exit_end`), as Python does
+    sys.exit(ending.code)
+
+
+_END: dict[str, int] = {}
+
+
+def at_exit_end() -> None:
+    """The exit function registered first, so it runs last: the process ends by the signal `end_process`
+    left, as Python ends one that a KeyboardInterrupt ended."""
+    sig = _END.pop("signal", None)
+    if sig is not None:
+        flush_std()
+        from memprof._native import native
+
+        native().die_by_signal(sig)

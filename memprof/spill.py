@@ -6,9 +6,14 @@ that was left behind.
 The file: `MAGIC`, then records of one type byte, an 8-byte little-endian length and the payload:
 `M` the capture's metadata at its start (JSON), `E` events (raw `EVENT_DTYPE` records, in order),
 `S` strings (JSON list: the next ids), `T` the thread table (JSON), `P` compile plans, graphs
-(with their wrapper source) and known tensors recorded since the last `P` (JSON). A record the
-kill cut short is ignored. Each write is flushed and fsynced: a machine crash keeps what was
-written before the last interval.
+(with their wrapper source) and known tensors recorded since the last `P` (JSON), `C` where the
+blocks carried into a step window or a ring were allocated (JSON, `CarriedBlock`s; the last one
+holds). A record the kill cut short is ignored. Each write is flushed and fsynced: a machine crash
+keeps what was written before the last interval.
+
+A spill is locked (`flock`) by the process that writes it, for as long as that process lives: a
+second run with the same output is refused while the first one runs, even with --force, and a
+spill left by a run that was killed is told apart from one still being written.
 
 A capture that keeps a ring of the last steps (`keep_last`) keeps its spill bounded too: once the
 file holds more than twice the ring, it is written anew (beside it, then renamed over it) from the
@@ -18,11 +23,11 @@ ring's start: the blocks live there (their carried events), then the ring's own 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import json
 import os
 import struct
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -30,13 +35,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, Kind
+from memprof._events import EVENT_DTYPE, CarriedBlock, Kind
 from memprof._native import thread_table
-from memprof.errors import CaptureFileError, one_line
+from memprof.console import say
+from memprof.errors import CaptureFileError, MemprofError, one_line
 from memprof.fileformat import Parts, checked, loads_json
 
 MAGIC = b"MEMPROF-SPILL 1\n"
-INTERVAL_S = 0.5
 RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
 _HEAD = struct.Struct("<cQ")
 
@@ -58,29 +63,108 @@ def spill_path(output: Path) -> Path:
     return output.with_name(output.name + ".spill")
 
 
+def _lock(fd: int) -> bool:
+    """Take the spill's lock for this process (False: another process holds it)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _writer_of(path: Path) -> str:
+    """Who writes a live spill, from its metadata record: "pid N on HOST" (or "another process")."""
+    try:
+        with open(path, "rb") as f:
+            records = _index(f, path)
+            kind, at, length = records[0] if records else (b"", 0, 0)
+            f.seek(at)
+            meta = json.loads(f.read(length)) if kind == b"M" else {}
+        return f"pid {int(meta['pid'])} on {meta.get('hostname') or 'this host'}"
+    except (OSError, ValueError, KeyError, TypeError, CaptureFileError):
+        return "another process"
+
+
+def _clear_left(path: Path, replace: bool) -> None:
+    """A spill is already at `path`: refused in one line while its run goes on, or (it was left by a
+    run that was cut short) unless `replace`; else removed."""
+    output = path.with_name(path.name.removesuffix(".spill"))
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        if not _lock(fd):
+            raise MemprofError(f"{output} is being recorded now by another memprof ({_writer_of(path)}, which "
+                               f"holds {path.name}): give this run another output")
+        if not replace:
+            raise MemprofError(f"{path} is the spill of an earlier run that was cut short: memprof report {output} "
+                               "(or memprof.load) recovers it; move or delete it (memprof trace: --force) to "
+                               "record again")
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:  # (still the file locked here)
+                path.unlink()
+    finally:
+        os.close(fd)
+
+
+def claim(path: Path, replace: bool = False) -> int:
+    """Create the spill at `path`, locked by this process until it ends, and return its descriptor. A
+    spill already there is refused or replaced (`_clear_left`). The file is made, locked and given a
+    first metadata record (who writes it) under a name of its own, then linked into place, so a
+    spill that can be seen is always locked by its writer and names it (two runs starting at once
+    cannot both think the other's was left behind)."""
+    import platform
+
+    who = json.dumps({"pid": os.getpid(), "hostname": platform.node()}).encode()
+    head = MAGIC + _HEAD.pack(b"M", len(who)) + who
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        _lock(fd)
+        os.write(fd, head)
+        while True:
+            try:
+                os.link(tmp, path)
+                return fd
+            except FileExistsError:
+                _clear_left(path, replace)
+            except OSError:  # a file system without hard links: create in place (the lock follows at once)
+                new = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                os.close(fd)
+                fd = new
+                _lock(fd)
+                os.write(fd, head)
+                return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    finally:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+
+
 class SpillWriter:
-    """Copies what the native session records to the spill from a background thread.
+    """Copies what the native session records to the spill (`flush`, called by the capture's thread
+    every half second: `memprof.background`).
 
     A spill that cannot be written (a full disk, a read-only directory) is one stderr line and the
     capture goes on in memory; the job itself never fails over it."""
 
-    def __init__(self, path: Path, native: Any, meta: dict[str, Any],
+    def __init__(self, fd: int, path: Path, native: Any, meta: dict[str, Any],
                  recorded: Callable[[], Recorded], ring: bool = False) -> None:
         self.path, self.native, self.recorded, self.ring = path, native, recorded, ring
         self.events = self.strings = self.plans = self.graphs = self.tensors = 0
         self.file_start = 0  # the first event (store index) the file holds after its carried ones
         self.pruned = 0  # known tensors were pruned this often when last written
+        self.carried_written = False  # the window's carried blocks' context is on file
         self._compiled: tuple[tuple[int, ...], bytes] = ((), b"")
         self.threads: list[dict[str, object]] = []
         self.failed = False
-        self._stop = threading.Event()
         self._lock = threading.Lock()
         self._meta = json.dumps(meta, default=str).encode()
-        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        self._write(MAGIC)
+        self._fd = fd  # (`claim` wrote the magic and who writes the spill: the capture's metadata follows)
         self._record(b"M", self._meta)
-        self._thread = threading.Thread(target=self._run, name="memprof-spill", daemon=True)
-        self._thread.start()
 
     def _write(self, data: bytes | memoryview) -> None:
         view = memoryview(data)
@@ -91,10 +175,6 @@ class SpillWriter:
         self._write(_HEAD.pack(kind, len(payload)))
         self._write(payload)  # (not joined to the head: no copy of a large payload)
 
-    def _run(self) -> None:
-        while not self._stop.wait(INTERVAL_S):
-            self.flush()
-
     def flush(self) -> None:
         """Append what was recorded since the last flush."""
         with self._lock:
@@ -104,36 +184,48 @@ class SpillWriter:
                 self._flush()
             except OSError as exc:
                 self.failed = True
-                print(f"memprof: warning: the spill {self.path} could not be written ({exc.strerror or exc}); "
-                      "the capture goes on in memory (a kill would lose it)", file=sys.stderr)
+                say(f"memprof: warning: the spill {self.path} could not be written ({exc.strerror or exc}); "
+                    "the capture goes on in memory (a kill would lose it)")
             except Exception as exc:  # never fail the user's job over its spill
                 self.failed = True
-                print(f"memprof: warning: the spill stopped ({one_line(exc)})", file=sys.stderr)
+                say(f"memprof: warning: the spill stopped ({one_line(exc)})")
 
     def _flush(self) -> None:
         C = self.native
         n = int(C.event_count())
         if self.ring:
-            start, carried = C.ring_head()
+            start, carried, context = C.ring_head()
             # the ring moved past what the spill holds (its chunks are freed), the file holds twice it,
             # or known tensors were pruned (those on file are no longer a prefix of the recorder's)
             if (start > self.events or n - self.file_start > 2 * max(n - start, 1)
                     or self.recorded().pruned != self.pruned):
-                self._rotate(int(start), memoryview(carried), n)
+                self._rotate(int(start), memoryview(carried), CarriedBlock.from_native(context), n)
                 return
+        elif not self.carried_written and C.window_state() in ("open", "closed"):
+            # a window opened: its carried blocks' context goes on file once (after their events)
+            if self._append(n):
+                self._context(CarriedBlock.from_native(C.window_context()))
+                self.carried_written = True
+            return
         self._append(n)
 
-    def _rotate(self, start: int, carried: memoryview, n: int) -> None:
-        """Write the file anew from the ring's start (beside it, then renamed over it)."""
+    def _context(self, blocks: list[CarriedBlock]) -> None:
+        if blocks:
+            self._record(b"C", json.dumps([b.to_json() for b in blocks], separators=(",", ":")).encode())
+
+    def _rotate(self, start: int, carried: memoryview, context: list[CarriedBlock], n: int) -> None:
+        """Write the file anew from the ring's start (beside it, locked, then renamed over it)."""
         new = self.path.with_name(self.path.name + ".new")
         old, self._fd = self._fd, os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         kept = (self.events, self.strings, self.plans, self.graphs, self.tensors, self.threads, self.file_start)
         try:
+            _lock(self._fd)  # the file that takes the spill's name is this process's too
             self._write(MAGIC)
             self._record(b"M", self._meta)
             self.strings = self.plans = self.graphs = self.tensors = 0
             self.threads = []
             self._events_records(carried)
+            self._context(context)
             self.events = self.file_start = start
             if not self._append(n):  # the ring moved on meanwhile: the next interval tries again
                 raise _Moved
@@ -209,9 +301,8 @@ class SpillWriter:
         return out
 
     def close(self) -> None:
-        """Stop the thread, write what is left, close the file (it stays until the capture is saved)."""
-        self._stop.set()
-        self._thread.join()
+        """Write what is left and close the file (it stays until the capture is saved). The lock goes
+        with the descriptor: a spill is written from here on only to be removed."""
         self.flush()
         os.close(self._fd)
 
@@ -258,19 +349,22 @@ def _read_into(f: io.BufferedReader, out: np.ndarray, parts: list[tuple[int, int
 
 
 def read(path: Path) -> Parts:
-    """The capture a spill holds, marked as cut short (`Capture.caveats` says what was lost)."""
+    """The capture a spill holds, marked as cut short (`Capture.caveats` says what was lost), or as
+    still running where its writer holds it."""
     try:
         with open(path, "rb") as f:
-            return _parts(f, _index(f, path), path)
+            live = not _lock(f.fileno())
+            return _parts(f, _index(f, path), path, live)
     except OSError as exc:
         raise CaptureFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def _parts(f: io.BufferedReader, records: list[Record], path: Path) -> Parts:
+def _parts(f: io.BufferedReader, records: list[Record], path: Path, live: bool = False) -> Parts:
     meta: dict[str, Any] = {}
     strings: list[Any] = []
     threads: Any = []
     doc: dict[str, list[Any]] = {"plans": [], "graphs": [], "tensors": []}
+    carried: Any = []
     sources: dict[str, str] = {}
     for kind, at, length in records:
         if kind == b"E":
@@ -283,6 +377,8 @@ def _parts(f: io.BufferedReader, records: list[Record], path: Path) -> Parts:
             strings += value
         elif kind == b"T":
             threads = value
+        elif kind == b"C":
+            carried = value
         elif kind == b"P" and isinstance(value, dict):
             for src in value.get("sources", []):
                 sources[f"wrappers/{len(sources)}.py"] = str(src)
@@ -293,10 +389,10 @@ def _parts(f: io.BufferedReader, records: list[Record], path: Path) -> Parts:
     _read_into(f, raw, parts, len(raw))
     last = int(raw["t_ns"].max()) if len(raw) else int(meta.get("t_start_ns") or 0)
     markers = raw["bytes"][raw["kind"] == Kind.STEP]
-    meta.update(status="cut short", recovered_from=str(path), t_stop_ns=last, path=str(path),
-                steps=int(markers.max()) if len(markers) else 0)
+    meta.update(status="running" if live else "cut short", recovered_from=str(path), t_stop_ns=last,
+                path=str(path), steps=int(markers.max()) if len(markers) else 0)
     main = [t.get("index") for t in threads if isinstance(t, dict) and t.get("tid") == meta.get("native_tid")]
     if not main and len(raw):  # no thread table written yet: the capture starts on its own thread
         main = [int(raw["thread"][0])]
     meta.setdefault("main_thread", main[0] if main else None)
-    return checked(raw, strings, meta, threads, doc, sources, path)
+    return checked(raw, strings, meta, threads, doc, sources, path, carried)

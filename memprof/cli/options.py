@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from memprof.cli.args import split_command
+
 
 class Budget(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
     """An activation_memory_budget: a number in [0, 1]."""
@@ -45,3 +47,19 @@ class StepWindow(click.ParamType):  # type: ignore[type-arg]
         if a < 1 or b < a:
             self.fail(f"{value}: steps count from 1 and a window A:B needs A <= B", param, ctx)
         return a, b
+
+
+class ScriptCommand(click.Command):
+    """A command of the form `memprof CMD [OPTIONS] SCRIPT [ARGS]...`: its arguments are split by
+    `memprof.cli.args` (memprof's options before SCRIPT, its own names after it, the rest the
+    script's in order); the options taken from after SCRIPT are in `ctx.meta["taken"]`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        options = [p for p in self.params if isinstance(p, click.Option)]
+        takes_value = {name for p in options if not p.is_flag for name in p.opts}
+        flags = {name for p in options if p.is_flag for name in p.opts}
+        split = split_command(args, takes_value, flags)
+        ctx.meta["taken"] = tuple(split.taken)
+        if split.script is None:
+            return super().parse_args(ctx, args)
+        return super().parse_args(ctx, [*split.before, *split.taken, "--", split.script, *split.script_args])

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
+from memprof.cli.options import ScriptCommand
 
-@click.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": True},
-    short_help="Measure the peak at many activation_memory_budgets and explain the bumps.",
-)
+
+@click.command(cls=ScriptCommand,
+               short_help="Measure the peak at many activation_memory_budgets and explain the bumps.")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--budgets", "spec", required=True,
@@ -46,7 +46,8 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     (what the partitioner saved and recomputed, by op class; what was live at the peak).
 
     The step peak is the most memory allocated during a training step above what was allocated
-    when it began, median over the steps after the first (compiling) one.
+    when it began, median over the steps after the first (compiling) one. Which arguments are
+    memprof's is decided as for `memprof trace` (see its --help).
     """
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -85,7 +86,7 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
             bar.console.print(f"  {run.variant} {run.budget:g}: {printable(peak)} ({run.wall_s:.0f} s)", markup=False)
             bar.advance(task)
 
-        result = run_sweep(str(path), list(script_args), budgets, variants, out, jobs=jobs, timeout=timeout,
+        result = run_sweep(script, list(script_args), budgets, variants, out, jobs=jobs, timeout=timeout,
                            progress=done, predict=predict, noise={"abs_bytes": noise_mb * MB, "rel": noise_rel},
                            nproc=nproc)
     click.echo(printable(render_table(result)))  # errors and names come from the script's runs
@@ -93,8 +94,10 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
     if findings:
         click.echo(printable(findings))
     if not no_plot and any(result.value(r) is not None for r in result.runs):
+        from memprof.sweep.manifest import record_files
         from memprof.sweep.plot import plot
 
+        record_files(out, "sweep.png", "sweep.svg")
         paths = plot(result, out)
         click.echo(f"memprof: plot {paths[0]} and {paths[1]}", err=True)
     click.echo(f"memprof: results in {out / 'sweep.json'}" + ("" if predict else f", captures in {out}/"), err=True)

@@ -8,13 +8,12 @@ the order of `--budget`), which the sweep reads back.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
 from memprof.errors import MemprofError, one_line
-from memprof.outputs import write_text
+from memprof.outputs import json_text, write_text
 
 
 def _measured(cap: object, budget: float, remat: str) -> str:
@@ -28,11 +27,12 @@ def _measured(cap: object, budget: float, remat: str) -> str:
         result.measured = measure(cap) if len(cap.raw) else None
     except Exception as exc:  # the capture is saved; the sweep measures it from the file instead
         result.measure_error = one_line(exc)
-    return json.dumps(result.to_json())
+    return json_text(result.to_json())
 
 
 @click.command("_sweep-child", hidden=True,
                context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.pass_context
 @click.option("--budget", "budgets", type=float, multiple=True, required=True)
 @click.option("--json", "json_paths", type=click.Path(dir_okay=False), multiple=True, required=True)
 @click.option("--remat", type=click.Choice(["off", "light", "all"]), default="off")
@@ -42,25 +42,26 @@ def _measured(cap: object, budget: float, remat: str) -> str:
               help="(predicted) run compiled graphs only while holding this lock (the device taken in turns).")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
-def sweep_child(budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: str, predict: bool,
-                output: str | None, device_lock: str | None, script: str, script_args: tuple[str, ...]) -> int:
+def sweep_child(ctx: click.Context, budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: str,
+                predict: bool, output: str | None, device_lock: str | None, script: str,
+                script_args: tuple[str, ...]) -> object:
     """(memprof sweep) One budget measured, or a group of budgets predicted."""
     from memprof.outputs import resolve
     from memprof.runner import check_script
 
     if len(json_paths) != len(budgets):
         raise MemprofError(f"{len(budgets)} --budget but {len(json_paths)} --json")
-    path = check_script(script)
+    check_script(script)
     # everything after SCRIPT is the script's (options are not interspersed here); the sweep puts
     # a `--` right after SCRIPT
     args = list(script_args[1:] if script_args[:1] == ("--",) else script_args)
     if predict:
         from memprof.sweep.predict import predict as run_predict
 
-        results = run_predict(path, args, list(budgets), None if remat == "off" else remat,
+        results = run_predict(script, args, list(budgets), None if remat == "off" else remat,
                               resolve(device_lock) if device_lock else None)
         for p, r in zip(json_paths, results, strict=True):
-            write_text(resolve(p), json.dumps(r.to_json()))
+            write_text(resolve(p), json_text(r.to_json()))
             if r.status != "completed" or r.measured is None:
                 click.echo(f"memprof: budget {r.budget:g} not predicted ({r.status}): {r.error}", err=True)
             else:
@@ -70,13 +71,16 @@ def sweep_child(budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: 
         return 0 if all(r.status == "completed" for r in results) else 1
     if len(budgets) != 1 or output is None:
         raise MemprofError("a measured budget runs alone, with -o for its capture")
-    from memprof.cli.trace import TraceOptions, traced
     from memprof.ranks import launched_rank, rank_path
+    from memprof.runner import TraceOptions, traced
 
     out, json_path = resolve(output), resolve(json_paths[0])
     rank = launched_rank()
     if rank is not None:  # one of a torchrun job's ranks (memprof sweep --nproc)
         out, json_path = rank_path(out, rank.rank), rank_path(json_path, rank.rank)
-    cap, code = traced(path, args, out, None, TraceOptions(budgets[0], remat, knapsack_evaluator=True), Path.cwd())
-    write_text(json_path, _measured(cap, budgets[0], remat))
-    return code
+
+    def finished(cap: object) -> None:  # (also when a fatal signal, the sweep's timeout, is about to end it)
+        write_text(json_path, _measured(cap, budgets[0], remat))
+
+    opts = TraceOptions(budgets[0], remat, knapsack_evaluator=True)
+    return traced(script, args, out, None, opts, Path.cwd(), exiting=ctx.obj is True, finished=finished).ending

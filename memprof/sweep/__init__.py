@@ -9,8 +9,9 @@ flag where less budget gives more memory, and explain each flag from the capture
 from __future__ import annotations
 
 from memprof.sweep.detect import Flag, non_monotone, spearman, worst_per_budget
+from memprof.sweep.manifest import prepare_dir
 from memprof.sweep.result import Diagnosis, Run, Sweep, load_sweep
-from memprof.sweep.runner import prepare_dir, run_sweep
+from memprof.sweep.runner import run_sweep
 from memprof.sweep.spec import parse_budgets
 
 __all__ = ["Diagnosis", "Flag", "Run", "Sweep", "load_sweep", "non_monotone", "parse_budgets", "prepare_dir",

@@ -120,7 +120,7 @@ class _Book:
         return len(mine), sum(k.is_compiled for k in mine)
 
 
-def predict(script: Path, args: list[str], budgets: Sequence[float], remat: str | None,
+def predict(script: str, args: list[str], budgets: Sequence[float], remat: str | None,
             device_lock: Path | None = None) -> list[ChildResult]:
     """One result per budget, in the order given; the first budget is the one the script runs with.
     With `device_lock`, the script's compiled graphs run only while this process holds it (`DeviceTurn`)."""

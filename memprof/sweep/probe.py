@@ -57,7 +57,7 @@ def scratch_bytes(spec: str) -> int | None:
     import torch
 
     from memprof._native import native
-    from memprof.recorder import capture
+    from memprof.session import capture
 
     try:
         if native().active():  # never inside the user's capture; not cached, a later call may probe

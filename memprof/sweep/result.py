@@ -10,6 +10,7 @@ from typing import Any
 
 from memprof.analysis.units import MB, fmt_mb
 from memprof.errors import MemprofError
+from memprof.outputs import json_text
 from memprof.sweep.detect import ABS_TOL, REL_TOL, Flag, non_monotone, spearman, worst_per_budget
 from memprof.sweep.measure import KNAPSACK, OP_CLASSES, Measured, PlanFacts
 
@@ -165,7 +166,7 @@ class Sweep:
     def save(self, directory: Path) -> Path:
         path = directory / "sweep.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
+        tmp.write_text(json_text(self.to_json(), indent=1))
         tmp.replace(path)
         return path
 

@@ -25,47 +25,12 @@ from typing import Any
 
 from memprof.errors import MemprofError, one_line
 from memprof.spill import spill_path
+from memprof.sweep.manifest import record_files
 from memprof.sweep.measure import ChildResult, Measured
 from memprof.sweep.result import Run, Sweep, highest_rank
 from memprof.sweep.spec import budget_label
 
 Progress = Callable[[Run], None]
-
-
-# Marks a directory as a sweep memprof wrote: `--force` replaces only such a directory, and in it
-# only the files a sweep writes (SWEEP_FILES), never anything the user put there.
-MANIFEST = ".memprof-sweep.json"
-SWEEP_FILES = ("*.memprof", "*.memprof.spill", "sweep.json", "sweep.png", "sweep.svg", "logs/*.log",
-               "logs/*.json", "logs/*.lock")
-
-
-def prepare_dir(out: Path, force: bool, script: Path | None = None) -> None:
-    """Make `out` ready for a sweep: a new or empty directory, or with --force a sweep memprof wrote
-    before (its manifest), whose files are removed. Never the current directory or one holding the
-    script; a directory holding anything else is refused in one line."""
-    here = Path(os.path.realpath(Path.cwd()))
-    real = Path(os.path.realpath(out))
-    if out.exists() and not out.is_dir():
-        raise MemprofError(f"output {out} exists and is not a directory")
-    if real == here or real in here.parents:
-        raise MemprofError(f"output directory {out} is the current directory or holds it; give a new directory")
-    if script is not None and real in Path(os.path.realpath(script)).parents:
-        raise MemprofError(f"output directory {out} holds the script {script}; give a new directory")
-    if out.exists() and any(out.iterdir()):
-        if not force:
-            raise MemprofError(f"output directory {out} exists and is not empty (use --force to replace it)")
-        if not (out / MANIFEST).is_file():
-            raise MemprofError(f"output directory {out} was not written by memprof sweep (no {MANIFEST}); "
-                               "not replacing it: remove it yourself or give a new directory")
-        for pattern in SWEEP_FILES:
-            for f in out.glob(pattern):
-                if f.is_file() and not f.is_symlink():
-                    f.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "logs").mkdir(exist_ok=True)
-    from memprof._version import __version__
-
-    (out / MANIFEST).write_text(json.dumps({"written_by": f"memprof {__version__}", "files": list(SWEEP_FILES)}))
 
 
 def visible_gpus() -> list[str]:
@@ -113,6 +78,11 @@ def _run_group(pool: _Pool, out: Path, script: str, args: Sequence[str], variant
     labels = [f"{variant}_{budget_label(b)}" for b in budgets]
     log_name = f"logs/{labels[0]}.log" if len(labels) == 1 else f"logs/{labels[0]}+{len(labels) - 1}.log"
     measure_paths = [out / "logs" / f"{label}.json" for label in labels]
+    ranks = [f".rank{r}" for r in range(nproc)] if nproc > 1 else [""]
+    captures = [] if predict else [f"{label}{r}.memprof{spill}" for label in labels for r in ranks
+                                   for spill in ("", ".spill")]
+    record_files(out, log_name, *(f"logs/{label}{r}.json" for label in labels for r in ranks), *captures,
+                 *([str(device_lock.relative_to(out))] if device_lock is not None else []))
     cmd = [sys.executable, "-m", "memprof", "_sweep-child"]
     if nproc > 1:
         cmd[1:1] = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
@@ -199,7 +169,7 @@ def _collect(out: Path, variant: str, budget: float, label: str, measure_path: P
             pass
     if status is None:
         status = str(meta.get("status") or ("crashed" if rc != 0 else "completed"))
-        if rc is not None and rc < 0:
+        if rc is not None and rc < 0 and status != "interrupted":  # (one a signal ended, saved: interrupted)
             status = "crashed"
     error = meta.get("error") or error
     own_rc = meta.get("exit_code", rc) if meta else rc
@@ -277,6 +247,7 @@ def _again_alone(sweep: Sweep, out: Path, rerun: Callable[[str, list[float]], li
     for r in failed:
         log = out / r.log
         if log.is_file():  # the shared attempt's log is kept beside the new one
+            record_files(out, str(log.with_suffix(".shared.log").relative_to(out)))
             log.replace(log.with_suffix(".shared.log"))
         again += rerun(r.variant, [r.budget])
     sweep.runs = [r for r in sweep.runs if r not in failed] + again

@@ -9,6 +9,8 @@ import contextlib
 import functools
 import gc
 import logging
+import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -117,8 +119,19 @@ def on_ddp_buckets(patches: Patches, fn: Callable[[bool], None]) -> None:
         patches.set(module, path, marked)
 
 
+_fork_watchers: list[Callable[[], None]] = []  # what os.fork calls in the parent (registered once a process)
+_in_process_start = threading.local()
+
+
+def _after_fork_in_parent() -> None:
+    if not getattr(_in_process_start, "on", False):  # (multiprocessing's fork is counted as its process)
+        for watch in list(_fork_watchers):
+            watch()
+
+
 def on_process_start(patches: Patches, fn: Callable[[bool], None]) -> None:
-    """Call `fn(is_dataloader_worker)` for every process started with multiprocessing."""
+    """Call `fn(is_dataloader_worker)` for every process started with multiprocessing, and `fn(False)`
+    for every bare `os.fork()` (a child that runs on in the script's code)."""
     import multiprocessing.process as mp_process
 
     original_start = mp_process.BaseProcess.start
@@ -126,9 +139,27 @@ def on_process_start(patches: Patches, fn: Callable[[bool], None]) -> None:
     def start(proc: Any) -> None:
         target = getattr(getattr(proc, "_target", None), "__module__", "") or ""
         fn(target.startswith("torch.utils.data"))
-        original_start(proc)
+        _in_process_start.on = True
+        try:
+            original_start(proc)
+        finally:
+            _in_process_start.on = False
 
     patches.set("multiprocessing.process", "BaseProcess.start", start)
+    if not hasattr(os, "register_at_fork"):
+        return
+    if not _fork_hook:  # os.register_at_fork cannot be undone: one hook, watchers added and removed
+        os.register_at_fork(after_in_parent=_after_fork_in_parent)
+        _fork_hook.append(True)
+
+    def forked() -> None:
+        fn(False)
+
+    _fork_watchers.append(forked)
+    patches.on_undo(lambda: _fork_watchers.remove(forked))
+
+
+_fork_hook: list[bool] = []
 
 
 def on_recompile_limit(patches: Patches, fn: Callable[[str], None]) -> None:

@@ -3,7 +3,6 @@ restored after a capture, a remat block or a prediction run, whatever order they
 
 from __future__ import annotations
 
-import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -82,16 +81,20 @@ def test_blocks_ending_out_of_order_restore_everything() -> None:
 
 def test_a_failing_partitioner_restores_everything() -> None:
     before = _state()
+    calls: list[int] = []
 
     def broken(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
         raise RuntimeError("a partitioner that fails")
 
     from torch._dynamo.backends.common import aot_autograd
 
     backend = aot_autograd(fw_compiler=lambda gm, _: gm, partition_fn=broken)
-    with contextlib.suppress(Exception), memprof.capture():
+    with pytest.raises(Exception, match="a partitioner that fails"), memprof.capture() as cap:
         torch._dynamo.reset()
         torch.compile(torch.nn.Linear(4, 4), backend=backend)(torch.randn(2, 4)).sum().backward()
+    assert calls == [1]  # the broken partitioner ran inside memprof's chain, and its error came out
+    assert cap.meta["status"] == "exception" and not memprof.active()
     _assert_restored(before)
 
 
@@ -103,7 +106,7 @@ def test_predict_restores_every_patched_symbol() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     try:
         torch._dynamo.reset()
-        out = predict(ROOT / "tests" / "sweep_train.py", ["--layers", "1", "--d", "32", "--seq", "16",
+        out = predict(str(ROOT / "tests" / "sweep_train.py"), ["--layers", "1", "--d", "32", "--seq", "16",
                                                            "--steps", "1"], [0.0, 1.0], None)
     finally:
         sys.path[:] = saved

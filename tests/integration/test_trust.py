@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ import memprof
 from memprof._events import FLAG_OTHER_THREAD
 from memprof.errors import IncompleteCaptureError
 from memprof.reporters import render
-from memprof.sweep.runner import MANIFEST, prepare_dir
+from memprof.sweep.manifest import MANIFEST, prepare_dir, record_files
 
 from ..conftest import invoke_memprof, one_line_error, run_memprof
 
@@ -200,6 +201,53 @@ def test_a_relative_output_does_not_follow_the_scripts_chdir(tmp_path: Path) -> 
     assert memprof.load(tmp_path / "gone.memprof").peak("cpu") == 40
 
 
+def test_two_traces_never_share_an_output(tmp_path: Path) -> None:
+    """The first holds its spill's lock while it runs: the second is refused in one line naming the
+    first's process, with --force too, and the first's spill and capture are untouched."""
+    (tmp_path / "slow.py").write_text("import time, torch\nx = torch.empty(1000)\ntime.sleep(4)\n")
+    (tmp_path / "quick.py").write_text("import torch\nx = torch.empty(10)\n")
+    first = subprocess.Popen([sys.executable, "-m", "memprof", "trace", "slow.py", "-o", "run.memprof"], cwd=tmp_path,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    spill = tmp_path / "run.memprof.spill"
+    deadline = time.monotonic() + 60
+    while not spill.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for force in ((), ("--force",)):
+        line = one_line_error(invoke_memprof("trace", "quick.py", "-o", "run.memprof", *force, cwd=tmp_path))
+        assert "is being recorded now by another memprof" in line and f"pid {first.pid}" in line, line
+    assert spill.exists()
+    _, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert memprof.load(tmp_path / "run.memprof").peak("cpu") == 4000 and not spill.exists()
+
+
+def test_a_file_the_script_writes_at_the_output_is_kept(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(
+        "import torch\nx = torch.empty(10)\nopen('train.memprof', 'w').write('mine')\n"
+        "open('t.json', 'w').write('mine too')\n")
+    res = invoke_memprof("trace", "train.py", "--chrome", "t.json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "train.memprof").read_text() == "mine" and (tmp_path / "t.json").read_text() == "mine too"
+    assert "train.memprof appeared while the capture ran" in res.stderr
+    assert "capture saved to train.1.memprof" in res.stderr and "written to t.1.json" in res.stderr
+    assert memprof.load(tmp_path / "train.1.memprof").peak("cpu") == 40
+    res = invoke_memprof("trace", "train.py", "--force", cwd=tmp_path)  # --force replaces it, as it says
+    assert res.returncode == 0 and memprof.load(tmp_path / "train.memprof").peak("cpu") == 40
+
+
+def test_the_api_refuses_an_existing_output_unless_told(tmp_path: Path) -> None:
+    out = tmp_path / "run.memprof"
+    out.write_text("a file of the user's")
+    with pytest.raises(memprof.MemprofError, match="already exists: pass overwrite=True"), \
+            memprof.capture(output=out):
+        pass
+    assert out.read_text() == "a file of the user's" and not memprof.recorder.active()
+    with memprof.capture(output=out, overwrite=True) as cap:
+        x = torch.empty(10)
+    del x
+    assert cap.saved_to == out and memprof.load(out).peak("cpu") == 40
+
+
 def test_sweep_force_never_replaces_what_memprof_did_not_write(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "run.memprof").write_text("x")
@@ -216,15 +264,30 @@ def test_sweep_force_never_replaces_what_memprof_did_not_write(tmp_path: Path) -
         "keep.txt", "old.memprof", "sub", "sub/results.csv"]
 
 
-def test_sweep_force_removes_only_a_sweeps_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sweep_force_removes_only_the_files_its_manifest_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """A user's own captures and notes inside an earlier sweep's directory stay, even of the kinds a
+    sweep writes: only the files the sweep listed go."""
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "sw"
     prepare_dir(out, force=False)
-    assert (out / MANIFEST).is_file()
-    for name in ("stock_0.100.memprof", "sweep.json", "sweep.png", "logs/stock_0.100.log", "notes.txt"):
+    assert json.loads((out / MANIFEST).read_text())["files"] == ["sweep.json"]
+    record_files(out, "stock_0.100.memprof", "logs/stock_0.100.log", "logs/stock_0.100.json", "sweep.png")
+    for name in ("stock_0.100.memprof", "sweep.json", "sweep.png", "logs/stock_0.100.log", "logs/stock_0.100.json",
+                 "notes.txt", "my_baseline.memprof", "logs/my_notes.json", "logs/mine.log"):
         (out / name).write_text("x")
     prepare_dir(out, force=True)
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [MANIFEST, "logs", "notes.txt"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        MANIFEST, "logs", "logs/mine.log", "logs/my_notes.json", "my_baseline.memprof", "notes.txt"]
+    (out / MANIFEST).write_text(json.dumps({"written_by": "memprof 0.1.0", "files": ["*.memprof", "logs/*.json"]}))
+    with pytest.raises(memprof.MemprofError, match="earlier memprof"):
+        prepare_dir(out, force=True)  # a manifest of patterns (an earlier memprof's) lists no files
+    assert (out / "my_baseline.memprof").exists()
+    # names outside the directory are never removed
+    (out / MANIFEST).write_text(json.dumps({"version": 2, "files": ["../train.py", "/etc/passwd"]}))
+    (tmp_path / "train.py").write_text("")
+    prepare_dir(out, force=True)
+    assert (tmp_path / "train.py").exists()
     script = out / "train.py"
     script.write_text("")
     with pytest.raises(memprof.MemprofError, match="holds the script"):
@@ -293,7 +356,7 @@ def test_sighup_saves_the_capture(tmp_path: Path) -> None:
     (tmp_path / "train.py").write_text(
         "import os, signal, torch\nx = torch.empty(100)\nos.kill(os.getpid(), signal.SIGHUP)\n")
     res = run_memprof("trace", "train.py", cwd=tmp_path)
-    assert res.returncode == 129, res.stderr
+    assert res.returncode == -signal.SIGHUP, res.stderr  # the process dies by it, as python's would
     cap = memprof.load(tmp_path / "train.memprof")
     assert cap.meta["status"] == "interrupted" and cap.meta["error"] == "SIGHUP" and cap.peak("cpu") == 400
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 import memprof
 import memprof.remat
 
@@ -30,9 +33,40 @@ def test_the_readme_api(tmp_path: Path) -> None:
     assert isinstance(cap.info, memprof.CaptureInfo) and cap.info.steps == 3
     again = memprof.load(cap.save(tmp_path / "again.memprof"))
     assert again.peak(dev) == cap.peak(dev)
-    assert callable(memprof.capture) and callable(memprof.step) and memprof.active() is False
-    for name in ("enable", "partitioner", "partition_fn", "reports", "MODES"):
-        assert hasattr(memprof.remat, name)
+    assert isinstance(rows[0], memprof.AttributionRow) and isinstance(cap.steps(dev)[0], memprof.StepStat)
+    assert isinstance(live[0], memprof.LiveAllocation) and isinstance(tl, memprof.Timeline)
+    assert isinstance(cap.labels(dev).category, np.ndarray)
+    assert issubclass(memprof.IncompleteCaptureError, memprof.MemprofError)
+
+
+def test_capture_step_and_active_record_what_the_readme_says() -> None:
+    import torch
+
+    assert memprof.active() is False and memprof.step() == 0  # no capture: nothing to mark
+    with memprof.capture(scopes="none") as cap:
+        assert memprof.active() is True
+        x = torch.empty(256)
+        assert memprof.step() == 1
+        del x
+        assert memprof.step() == 2
+    assert memprof.active() is False
+    assert [(s.step, s.peak) for s in cap.steps("cpu")] == [(1, 1024), (2, 1024)]
+
+
+def test_the_remat_names_do_what_they_say() -> None:
+    import torch
+
+    assert memprof.remat.MODES == ("light", "all")
+    assert memprof.remat.active_mode() is None
+    with memprof.remat.enable("light"):
+        assert memprof.remat.active_mode() == "light"
+    assert memprof.remat.active_mode() is None
+    part = memprof.remat.partitioner("all")
+    assert isinstance(part, torch._inductor.custom_graph_pass.CustomPartitionerFn) and part.uuid()
+    assert callable(memprof.remat.partition_fn("light"))
+    assert isinstance(memprof.remat.reports(), list)
+    with pytest.raises(ValueError, match="unknown remat mode"):
+        memprof.remat.partitioner("heavy")
 
 
 def test_a_gpu_nothing_was_allocated_on_is_not_the_main_device() -> None:

@@ -1,0 +1,178 @@
+"""`memprof.capture()`, `memprof.step()` and the never-lose-a-capture policy around a recorder
+(`memprof.recorder`).
+
+The capture yielded is filled once, when the recorder stops (`Capture.set_recorded`). With `output`,
+it is written there however the block ends: normally, by an exception (an OOM included), `sys.exit`
+or Ctrl-C; and a SIGTERM or SIGHUP that would kill the process (their default action) kills it still,
+by that signal, once the capture is saved: the capture's thread saves it while the program stays
+where the signal found it (`memprof.background`). A forked child's copy of a capture records, saves
+and prints nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from memprof import spill
+from memprof.background import Background
+from memprof.capture import Capture
+from memprof.capture_info import Keep
+from memprof.console import say
+from memprof.errors import MemprofError, SaveError
+from memprof.outcome import outcome
+from memprof.outputs import free_name, resolve
+from memprof.recorder import DEFAULT_MAX_EVENTS, SCOPE_BITS, Recorder, activate, current, stop_active
+
+
+def _save(cap: Capture, path: Path, rec: Recorder, overwrite: bool) -> None:
+    """Write the capture to `path`; a file that appeared there while it ran (the script wrote it) is not
+    replaced unless `overwrite`: the capture goes to the first free `NAME.N.memprof` beside it instead."""
+    target = path
+    try:
+        while True:
+            try:
+                cap.saved_to = cap.save(target, overwrite=overwrite)
+                break
+            except FileExistsError:
+                target = free_name(path)
+                if not target.exists():
+                    say(f"memprof: warning: {path} appeared while the capture ran (memprof did not write it) and is "
+                        f"not replaced: the capture is saved to {target} instead (memprof trace --force, or "
+                        "capture(overwrite=True), replaces it)")
+    except OSError as exc:
+        if rec.spill is not None and rec.spill.failed:  # (a full disk) a partial spill is no copy: nothing stays
+            rec.remove_spill()
+        kept = spill.spill_path(path)
+        also = (f" (its spill {kept} holds what was recorded: memprof report {path} recovers it)"
+                if kept.exists() else "")
+        raise SaveError(f"the capture could not be written to {target}: {exc.strerror or exc}{also}") from None
+
+
+@contextlib.contextmanager
+def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
+            meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
+            knapsack_evaluator: bool = False, replace_spill: bool = False, keep: Keep | None = None,
+            overwrite: bool = False, on_fatal: Callable[[Capture, int], None] | None = None) -> Iterator[Capture]:
+    """`capture()` with memprof's own options (`knapsack_evaluator`: the sweep's measurements;
+    `replace_spill`: `memprof trace --force` replaces the spill a killed run left; `keep`: which
+    steps are stored, and `Keep.exit_after`; `on_fatal(capture, signum)`: what to say once a fatal
+    signal's capture is saved, before the signal ends the process)."""
+    if scopes not in SCOPE_BITS:
+        raise MemprofError(f"scopes must be one of {sorted(SCOPE_BITS)}, got {scopes!r}")
+    if max_events <= 0:
+        raise MemprofError(f"max_events must be positive, got {max_events}")
+    out = resolve(output) if output is not None else None  # a chdir in the block must not move it
+    if out is not None and out.exists() and not overwrite:
+        raise MemprofError(f"{out} already exists: pass overwrite=True to replace it, or give another output")
+    left = spill.spill_path(out) if out is not None else None
+    spill_fd = None
+    if left is not None:  # the only copy of a killed run's capture is never replaced silently
+        try:
+            spill_fd = spill.claim(left, replace_spill)
+        except OSError as exc:
+            say(f"memprof: warning: no spill at {left} ({exc.strerror or exc}): the capture is kept in memory "
+                "only (a kill would lose it)")
+    cap = Capture(meta=dict(meta or {}))
+    rec = Recorder(cap, max_events, scopes, kernels, plans, knapsack_evaluator, keep)
+    try:
+        activate(rec)
+    except BaseException:
+        if spill_fd is not None:
+            os.close(spill_fd)
+            rec.remove_spill(left)
+        raise
+    if spill_fd is not None and left is not None:
+        rec.start_spill(spill_fd, left, cap.meta)
+    if out is not None:
+        target = out
+
+        def save() -> None:
+            _save(cap, target, rec, overwrite)
+
+        def save_dying(signum: int) -> None:  # on the capture's thread: the process then dies by `signum`
+            rec.stop(dying=True)
+            cap.note_outcome("interrupted", 128 + signum, signal.Signals(signum).name)
+            save()
+            if on_fatal is not None:
+                on_fatal(cap, signum)
+
+        rec.background = Background(lambda: rec.spill.flush() if rec.spill is not None else None, save_dying,
+                                    hold_main=threading.current_thread() is threading.main_thread())
+    ended: BaseException | None = None
+    try:
+        yield cap
+    except BaseException as exc:
+        ended = exc
+        raise
+    finally:
+        if os.getpid() == rec.pid:  # (a forked child's copy does nothing: the parent saves)
+            _finish(rec, ended, out, overwrite)
+
+
+def _finish(rec: Recorder, ended: BaseException | None, out: Path | None, overwrite: bool) -> None:
+    if current() is rec:
+        stop_active()
+    cap = rec.cap
+    result = outcome(ended)
+    cap.note_outcome(result.status, result.exit_code, result.error)
+    if out is not None and not cap.recording:
+        try:
+            _save(cap, out, rec, overwrite)
+        except SaveError as exc:
+            if ended is None:
+                raise
+            say(f"memprof: error: {exc}")  # the block's own exception goes on
+        else:
+            rec.remove_spill()  # the capture is on disk: its spill has done its job
+
+
+@contextlib.contextmanager
+def capture(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
+            meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
+            steps: tuple[int, int] | None = None, keep_last: int | None = None,
+            overwrite: bool = False) -> Iterator[Capture]:
+    """Capture every allocation and free (CPU on every thread; CUDA on this thread and its autograd
+    threads, and through the allocator tracker on others).
+
+    `scopes` picks the RecordFunction scopes recorded: "ops" (every aten op, autograd node and,
+    with `kernels`, each Triton kernel launch), "graphs" (compiled-graph calls and user
+    record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
+    open a scope for each compiled graph call and kernel launch. `plans` records what
+    torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
+    AOTAutograd's and Inductor's FX graph caches hold memprof's own entries meanwhile) for
+    `Capture.attribution`. The yielded `Capture` is filled when the block exits, also when it exits
+    by an exception. With `output`, it is also
+    saved there (atomically) however the block exits: an exception, an OOM, `sys.exit` or Ctrl-C; a
+    SIGTERM or SIGHUP that would kill the process still kills it, by that signal, once the capture is
+    saved. An existing `output` is refused unless `overwrite` (a file that appears there while the
+    block runs is kept too: the capture goes to `NAME.N.memprof` beside it, said on stderr). A file
+    that cannot be written raises `SaveError` (after a normal exit) or is one stderr line (when the
+    block's own exception is on its way out).
+
+    `steps=(A, B)` stores only steps A to B (step k ends at the k-th optimizer step or
+    `memprof.step()`; step 1 starts with the block); `keep_last=N` only the last N complete steps
+    and the one in progress. Either way the blocks live where the stored steps begin are kept
+    exactly (their own allocation events), so attribution there sums as in a full capture; compile
+    plans are recorded for every graph compiled in the block.
+    """
+    with session(max_events=max_events, scopes=scopes, kernels=kernels, plans=plans, meta=meta,
+                 output=output, keep=Keep.of(steps, keep_last), overwrite=overwrite) as cap:
+        yield cap
+
+
+def step() -> int:
+    """Mark the end of a training step in the active capture; returns the step number (0 if none).
+
+    Once a script calls `memprof.step()`, optimizer steps no longer add markers of their own.
+    """
+    rec = current()
+    if rec is None:
+        return 0
+    rec.explicit_steps = True
+    return rec.mark_step(source="memprof.step")
