@@ -11,7 +11,9 @@ from typing import Any
 import numpy as np
 
 from memprof import fileformat
-from memprof._events import KIND_NAMES, SEGMENT_KINDS, Kind, device_name
+from memprof._events import KIND_NAMES, SEGMENT_KINDS, CarriedBlock, Kind, device_name
+from memprof.analysis.attribution import AttributionRow, label_timeline
+from memprof.analysis.labels import Labels
 from memprof.analysis.scopes import ScopeIndex
 from memprof.analysis.timeline import (
     StepStat,
@@ -55,6 +57,7 @@ class Capture:
         plans: list[Plan] | None = None,
         graphs: list[CompiledGraph] | None = None,
         tensors: list[KnownTensor] | None = None,
+        carried: list[CarriedBlock] | None = None,
     ) -> None:
         self._raw = raw
         self.plans: list[Plan] = plans if plans is not None else []
@@ -63,7 +66,9 @@ class Capture:
         """The graphs Inductor compiled during the capture, with their wrapper code."""
         self.tensors: list[KnownTensor] = tensors if tensors is not None else []
         """Known tensors: parameters, gradients and optimizer state, by pointer and time."""
-        self._labels: dict[str, Any] = {}
+        self.carried: list[CarriedBlock] = carried if carried is not None else []
+        """Where each block carried into a step window or a ring was allocated (its scopes)."""
+        self._labels: dict[str, Labels] = {}
         self.strings: list[str] = strings if strings is not None else [""]
         self.meta: dict[str, Any] = meta if meta is not None else {}
         self.threads: list[dict[str, Any]] = threads if threads is not None else []
@@ -75,7 +80,8 @@ class Capture:
         """Where `capture(output=...)` wrote this capture (None: not written by it)."""
 
     def set_recorded(self, raw: np.ndarray, strings: list[str], meta: dict[str, Any], threads: list[dict[str, Any]],
-                     plans: list[Plan], graphs: list[CompiledGraph], tensors: list[KnownTensor]) -> None:
+                     plans: list[Plan], graphs: list[CompiledGraph], tensors: list[KnownTensor],
+                     carried: list[CarriedBlock] | None = None) -> None:
         """Fill a capture that was recording (the recorder calls this once, when it stops);
         metadata already set on the capture wins over the recorder's."""
         if self._raw is not None:
@@ -83,6 +89,7 @@ class Capture:
         self.meta.update({**meta, **self.meta})
         self.strings, self.threads = strings, threads
         self.plans, self.graphs, self.tensors = plans, graphs, tensors
+        self.carried = list(carried or [])
         self._raw = raw
         self._info = None
 
@@ -151,7 +158,8 @@ class Capture:
         raw = self.raw
         mem = np.isin(raw["kind"], [Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED, Kind.OOM,
                                     *SEGMENT_KINDS])
-        pairs = {(int(t), int(i)) for t, i in zip(raw["device_type"][mem], raw["device_index"][mem], strict=True)}
+        codes = np.unique(raw["device_type"][mem].astype(np.int32) * 256 + raw["device_index"][mem].astype(np.int32))
+        pairs = {((int(c) + 128) // 256, int(c) - (int(c) + 128) // 256 * 256) for c in codes.tolist()}
         # the CUDA tracker, attached once CUDA initializes, adds an empty baseline for every GPU: a GPU
         # that CUDA initialized on and nothing was allocated on (a CPU model on a GPU machine) is not in use
         names = {device_name(t, i) for t, i in pairs} | {
@@ -172,54 +180,25 @@ class Capture:
 
     @property
     def exact(self) -> bool:
-        """Whether the capture's peak is the script's exact peak: no event was dropped and the capture
-        was not stopped before the script ended (by torch.profiler starting)."""
+        """Whether the capture's peak is the script's exact peak: no event was dropped, the capture
+        was not stopped before the script ended (by torch.profiler starting) and its events are
+        consistent (`problems`)."""
         info = self.info
-        return not info.dropped_events and not info.stopped_by and not info.recovered_from
+        return not info.dropped_events and not info.stopped_by and not info.recovered_from and not self.problems
+
+    @property
+    def problems(self) -> list[str]:
+        """What in the events no real capture holds, per device ("cpu: ..."; `timeline.consistency`)."""
+        return [f"{d}: {p}" for d in self.devices for p in self.timeline(d).problems]
 
     @property
     def caveats(self) -> list[str]:
         """What limits the capture's figures, one line each, most important first (empty: none).
 
         Reporters print these next to the headline figures, not at the bottom."""
-        info, out = self.info, []
-        t0 = info.t_start_ns
-        if info.dropped_events:
-            when = f" from {(info.first_dropped_ns - t0) / 1e9:.2f} s on" if info.first_dropped_ns is not None else ""
-            kept = int((self.raw["kind"] == Kind.STEP).sum()) if info.steps else 0
-            of_steps = f"; {kept} of the {info.steps} steps were captured whole" if info.steps else ""
-            out.append(f"INCOMPLETE: {info.dropped_events:,} events were dropped{when} (max_events="
-                       f"{info.max_events:,}){of_steps}: every peak is a lower bound; raise --max-events")
-        if info.recovered_from:
-            out.append(f"INCOMPLETE: the run was cut short before memprof could save it (killed, os._exit or a "
-                       f"crash); recovered from its spill {info.recovered_from}, which holds the events up to "
-                       f"{(info.t_stop_ns - t0) / 1e9:.2f} s (at most the last half second before the end is lost): "
-                       "every peak is a lower bound")
-        if info.stopped_by:
-            at = f" at {(info.t_stop_ns - t0) / 1e9:.2f} s" if info.t_stop_ns else ""
-            out.append(f"INCOMPLETE: the capture stopped{at} when the script started {info.stopped_by} "
-                       "(they share PyTorch's profiler slot): later allocations are not captured, so the "
-                       "peak is the peak up to there")
-        if info.window is not None or info.keep_last:
-            from memprof.analysis.window import window_caveats
+        from memprof.analysis.caveats import capture_caveats
 
-            out.extend(window_caveats(info, self.raw))
-        if info.cpu_threads is not None and info.cpu_threads != "all":
-            out.append(f"cpu: only the capturing thread and its autograd threads were seen ({info.cpu_threads}); "
-                       "allocations and frees on other threads are missing")
-        if info.dataloader_workers:
-            out.append(f"{info.dataloader_workers} DataLoader worker process(es) ran (num_workers > 0): what they "
-                       "allocate is in other processes, and the batches they hand over arrive in shared memory, "
-                       "which no PyTorch allocator reports; neither is captured")
-        limits = info.recompile_limits
-        if limits:
-            out.append(f"Dynamo hit {limits[0][:200]}: later calls of that code ran eagerly, not compiled, "
-                       "so their memory is the eager run's" + (f" ({len(limits)} such frames)" if len(limits) > 1
-                                                               else ""))
-        if info.child_processes:
-            out.append(f"{info.child_processes} other child process(es) started with multiprocessing: their "
-                       "allocations are not captured")
-        return out
+        return capture_caveats(self.info, self.raw, self.problems, self.meta.get("budget"))
 
     @property
     def scopes(self) -> ScopeIndex:
@@ -239,10 +218,14 @@ class Capture:
             info = self.info
             allocated, reserved = info.baselines.get(device, (0, 0))
             self._timelines[device] = build_timeline(self.raw, device, allocated, reserved,
-                                                     device != "cpu" and info.reserved_tracked)
+                                                     device != "cpu" and info.reserved_tracked,
+                                                     unseen_frees=not info.first_in_process,
+                                                     every_thread=device != "cpu" or info.cpu_threads in (None, "all"))
         return self._timelines[device]
 
     def _check_exact(self, what: str) -> None:
+        if self.problems:
+            raise IncompleteCaptureError(f"{what}: the capture's events are inconsistent ({'; '.join(self.problems)})")
         if self.dropped:
             raise IncompleteCaptureError(
                 f"{what}: the capture dropped {self.dropped:,} events after max_events="
@@ -272,27 +255,30 @@ class Capture:
         torch.profiler stopped the capture; after a normal end they are the script's wrap-up, not a
         step. `tail` overrides that choice."""
         info = self.info
-        if tail is None:
-            tail = info.status not in (None, "completed", "exit") or not self.exact
+        if tail is None:  # (after a window closed, the events are the frees of its blocks: no step)
+            tail = info.window_state != "closed" and (info.status not in (None, "completed", "exit") or not self.exact)
         return step_stats(self.raw, self.timeline(device), info.t_start_ns, info.t_stop_ns, tail)
 
-    def live_at(self, device: str | None = None, pos: int | None = None) -> list[LiveAllocation]:
-        """Captured allocations live just after timeline position `pos` (default: the peak), largest first."""
+    def live_at(self, device: str | None = None, pos: int | None = None, top: int | None = None
+                ) -> list[LiveAllocation]:
+        """Captured allocations live just after timeline position `pos` (default: the peak), largest first
+        (`top`: only the largest so many)."""
         tl = self.timeline(device)
         if pos is None:
             pos = tl.peak_pos
         raw = self.raw
         live = tl.live_positions(pos) if pos >= 0 else np.zeros(0, np.int64)
-        rows, sizes = tl.rows[live], tl.delta[live]
-        order = np.argsort(-sizes, kind="stable")
+        sizes = tl.delta[live]
+        order = np.argsort(-sizes, kind="stable")[:top]
+        rows = tl.rows[live[order]]
+        kinds, aux = raw["kind"][rows], raw["aux"][rows]
         return [
             LiveAllocation(
                 ptr=int(raw["ptr"][r]), bytes=int(sizes[i]), t_ns=int(raw["t_ns"][r]),
                 scope=self.scope_name(int(raw["scope"][r])), thread=int(raw["thread"][r]),
-                requested=int(raw["aux"][r]) if raw["kind"][r] == Kind.ALLOC else -1,
-                stream=int(raw["stream"][r]), row=int(r),
+                requested=int(aux[j]) if kinds[j] == Kind.ALLOC else -1, stream=int(raw["stream"][r]), row=int(r),
             )
-            for i, r in ((int(i), int(rows[i])) for i in order)
+            for j, (i, r) in enumerate(zip(order.tolist(), rows.tolist(), strict=True))
         ]
 
     def gc_freed(self, device: str | None = None) -> np.ndarray:
@@ -304,21 +290,22 @@ class Capture:
         """The live set at the device's peak: each live allocation with bytes, time and scope."""
         return self.live_at(device, None)
 
-    def labels(self, device: str | None = None) -> Any:
+    def labels(self, device: str | None = None) -> Labels:
         """Category, FX node, layer and kernel of every allocation on a device (memprof.analysis.attribution)."""
-        from memprof.analysis.attribution import label_timeline
-
         device = device or self.main_device
         if device not in self._labels:
             info, raw = self.info, self.raw
-            until = int(raw["t_ns"].max()) if info.window_state == "closed" and len(raw) else None
+            markers = np.flatnonzero(raw["kind"] == Kind.STEP)
+            closed = info.window_state == "closed" and len(markers)
+            until = int(raw["t_ns"][markers[-1]]) if closed else None
             self._labels[device] = label_timeline(raw, self.strings, self.timeline(device), self.plans,
                                                   self.graphs, self.tensors, info.main_thread,
-                                                  info.preexisting.get(device, []), self.scopes, until)
+                                                  info.preexisting.get(device, []), self.scopes, until,
+                                                  self.carried, int(markers[-1]) if closed else None)
         return self._labels[device]
 
     def attribution(self, at: str = "peak", by: str = "category", device: str | None = None, *,
-                    lower_bound: bool = False) -> list[Any]:
+                    lower_bound: bool = False) -> list[AttributionRow]:
         """What is live at a point, grouped: rows with key, bytes, count, share (and category).
 
         `at` is "peak" or "step:N" (the peak within step N, as `steps()` finds it); `by` is
@@ -349,11 +336,12 @@ class Capture:
         return [self.scope_name(s) for s in stack]
 
     # -- files --------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write the capture to a .memprof file (atomically); returns the path."""
+    def save(self, path: str | os.PathLike[str], overwrite: bool = True) -> Path:
+        """Write the capture to a .memprof file (atomically); returns the path. Without `overwrite`, an
+        existing file is kept (FileExistsError)."""
         parts = fileformat.Parts(self.raw, self.strings, self.meta, self.threads, self.plans, self.graphs,
-                                 self.tensors)
-        return fileformat.save(parts, Path(path))
+                                 self.tensors, self.carried)
+        return fileformat.save(parts, Path(path), overwrite)
 
     def __repr__(self) -> str:
         if self.recording:
@@ -376,5 +364,5 @@ def load(path: str | os.PathLike[str]) -> Capture:
         parts = spill.read(left)
     else:
         parts = fileformat.read(p)
-    raw, strings, meta, threads, plans, graphs, tensors = parts
-    return Capture(raw=raw, strings=strings, meta=meta, threads=threads, plans=plans, graphs=graphs, tensors=tensors)
+    return Capture(raw=parts.raw, strings=parts.strings, meta=parts.meta, threads=parts.threads, plans=parts.plans,
+                   graphs=parts.graphs, tensors=parts.tensors, carried=parts.carried)

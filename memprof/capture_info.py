@@ -1,15 +1,150 @@
-"""`CaptureInfo`: what the analysis reads from a capture's metadata (`Capture.meta`), typed."""
+"""A capture's metadata (`Capture.meta`, stored as meta.json): its declared schema (`META`), which
+the writer, the loader's check and `CaptureInfo` all read, and `CaptureInfo`, what the analysis reads
+of it, typed."""
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from memprof.errors import MemprofError
 
+# |bytes| of one block or event; larger is not real memory (and sums of such would overflow int64)
+MAX_BLOCK_BYTES = 1 << 50
+MAX_TOTAL_BYTES = 1 << 62
+MAX_TIME_NS = 1 << 62  # steady-clock nanoseconds: 146 years
+MAX_WORLD_SIZE = 1 << 20
+_DEVICE = re.compile(r"^(cpu|cuda:\d{1,3})$")
 
-def _int(value: Any, default: int = 0) -> int:
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else default
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _count(v: Any) -> bool:
+    return _is_int(v) and 0 <= v < 1 << 63
+
+
+def _int64(v: Any) -> bool:
+    return _is_int(v) and -(1 << 63) <= v < 1 << 63
+
+
+def _time(v: Any) -> bool:
+    return _is_int(v) and 0 <= v < MAX_TIME_NS
+
+
+def _block(v: Any) -> bool:
+    return _is_int(v) and 0 <= v <= MAX_BLOCK_BYTES
+
+
+def _str(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+def _number(v: Any) -> bool:  # (NaN and infinities are numbers here: reports print them as null and say so)
+    return isinstance(v, int | float) and not isinstance(v, bool) and (not _is_int(v) or _int64(v))
+
+
+def _per_device(ok: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, dict) and all(isinstance(d, str) and _DEVICE.match(d) and ok(x)
+                                                 for d, x in v.items())
+
+
+def _baseline(v: Any) -> bool:
+    return (isinstance(v, dict) and set(v) <= {"allocated", "reserved"}
+            and all(_is_int(x) and 0 <= x <= MAX_TOTAL_BYTES for x in v.values()))
+
+
+def _blocks(v: Any) -> bool:
+    return (isinstance(v, list) and all(isinstance(b, list) and len(b) == 2 and _is_int(b[0]) and 0 <= b[0] < 1 << 64
+                                        and _block(b[1]) for b in v)
+            and sum(b[1] for b in v) <= MAX_TOTAL_BYTES)
+
+
+def _window(v: Any) -> bool:
+    return isinstance(v, list) and len(v) == 2 and all(_count(x) for x in v) and 1 <= v[0] <= v[1]
+
+
+def _distributed(v: Any) -> bool:
+    if not isinstance(v, dict):
+        return False
+    world, rank = v.get("world_size"), v.get("rank")
+    if not isinstance(world, int) or not isinstance(rank, int) or not (_is_int(world) and _is_int(rank)):
+        return False
+    return (1 <= world <= MAX_WORLD_SIZE and 0 <= rank < world
+            and all(v.get(k) is None or _count(v.get(k)) for k in ("local_rank", "node"))
+            and all(v.get(k) is None or _str(v.get(k)) for k in ("run_id", "backend")))
+
+
+class MetaField(NamedTuple):
+    what: str  # what the value must be, for the error line
+    ok: Callable[[Any], bool]
+
+
+# Every meta.json field memprof reads, and what it must be (absent or null is always allowed; fields
+# not named here are kept as they are, for later memprofs' files).
+META: dict[str, MetaField] = {
+    **dict.fromkeys(("t_start_ns", "t_stop_ns", "first_dropped_ns"), MetaField("a time in nanoseconds", _time)),
+    **dict.fromkeys(("dropped_events", "max_events", "steps", "dataloader_workers", "child_processes", "keep_last",
+                     "pid", "native_tid"), MetaField("a whole number", _count)),
+    **dict.fromkeys(("exit_code", "main_thread"), MetaField("an integer", _int64)),
+    "budget": MetaField("a number", _number),
+    "first_in_process": MetaField("true or false", lambda v: isinstance(v, bool)),
+    **dict.fromkeys(("notes", "recompile_limits", "argv", "options_after_script"),
+                    MetaField("a list of strings", _strings)),
+    "baselines": MetaField("{device: {allocated, reserved}} in bytes", _per_device(_baseline)),
+    "device_total": MetaField("{device: bytes}", _per_device(lambda x: _is_int(x) and 0 <= x <= MAX_TOTAL_BYTES)),
+    "preexisting": MetaField("{device: [[ptr, bytes], ...]}", _per_device(_blocks)),
+    "window": MetaField("a step window [A, B] with 1 <= A <= B", _window),
+    "distributed": MetaField("{rank, world_size, local_rank, node, run_id, backend}", _distributed),
+    **dict.fromkeys((
+        "command", "status", "error", "stopped_by", "cuda_tracker", "cpu_threads", "step_source", "scopes",
+        "memprof_version", "torch_version", "cuda_version", "python_version", "plans", "remat", "script",
+        "allocator_backend", "cpu_note", "alloc_conf", "recovered_from", "window_state", "ended_by", "path",
+        "hostname", "platform", "created"), MetaField("a string", _str)),
+}
+
+
+def meta_problem(meta: dict[str, Any]) -> str | None:
+    """The first field of `meta` that is not what `META` declares, as "KEY is not WHAT" (None: all are)."""
+    for key, spec in META.items():
+        value = meta.get(key)
+        if value is not None and not spec.ok(value):
+            return f"{key} is not {spec.what}"
+    return None
+
+
+def conform(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` as memprof writes it: a field that is not what `META` declares (a script can set odd
+    values, a budget of NaN is kept) is left out, and a note says so; memprof never writes a file
+    it would refuse to read."""
+    out = dict(meta)
+    for key, spec in META.items():
+        if out.get(key) is not None and not spec.ok(out[key]):
+            del out[key]
+            notes = out["notes"] = [n for n in out.get("notes") or [] if isinstance(n, str)]
+            notes.append(f"meta field {key} was not {spec.what}: left out of the file")
+    return out
+
+
+def _get(meta: dict[str, Any], key: str, default: Any = None) -> Any:
+    """The value of a declared field, or `default` where it is absent or not what `META` declares."""
+    value = meta.get(key)
+    return value if value is not None and META[key].ok(value) else default
+
+
+def budget_problem(budget: Any) -> str | None:
+    """Why a capture's budget is no activation_memory_budget (None: it is one, or there is none)."""
+    if isinstance(budget, float) and not math.isfinite(budget):
+        return f"activation_memory_budget is {budget}, not a number in [0, 1]"
+    return None
 
 
 @dataclass(frozen=True)
@@ -85,34 +220,35 @@ class CaptureInfo:
     world_size: int | None = None
     backend: str | None = None  # the process group's ("gloo", "nccl"), when the script made one
 
+    options_after_script: tuple[str, ...] = ()  # memprof's options that came after SCRIPT
+    spill_live: bool = False  # recovered from the spill of a run still going (its writer holds it)
+    first_in_process: bool = False  # no capture ran before it in its process (no CPU block was seen before)
+
     @staticmethod
     def from_meta(meta: dict[str, Any]) -> CaptureInfo:
-        baselines = {str(d): (_int(b.get("allocated")), _int(b.get("reserved")))
-                     for d, b in (meta.get("baselines") or {}).items() if isinstance(b, dict)}
-        pre = {str(d): [(int(p), int(b)) for p, b in blocks] for d, blocks in (meta.get("preexisting") or {}).items()}
-        main, first = meta.get("main_thread"), meta.get("first_dropped_ns")
-        limits = meta.get("recompile_limits")
-        window = meta.get("window")
-        dist = meta.get("distributed") if isinstance(meta.get("distributed"), dict) else None
+        """Read through `META`: a field that is not what it declares counts as absent (the loader
+        refuses a file with one; a capture in memory is memprof's own)."""
+        dist = _get(meta, "distributed")
+        window = _get(meta, "window")
         return CaptureInfo(
-            t_start_ns=_int(meta.get("t_start_ns")), t_stop_ns=_int(meta.get("t_stop_ns")), baselines=baselines,
-            preexisting=pre, main_thread=main if isinstance(main, int) else None,
-            reserved_tracked=meta.get("cuda_tracker") == "attached", dropped_events=_int(meta.get("dropped_events")),
-            first_dropped_ns=first if isinstance(first, int) and first >= 0 else None,
-            max_events=_int(meta.get("max_events")), steps=_int(meta.get("steps")),
-            status=meta.get("status") if isinstance(meta.get("status"), str) else None,
-            stopped_by=meta.get("stopped_by") or None,
-            cpu_threads=meta.get("cpu_threads") if isinstance(meta.get("cpu_threads"), str) else None,
-            dataloader_workers=_int(meta.get("dataloader_workers")), child_processes=_int(meta.get("child_processes")),
-            recompile_limits=tuple(str(x) for x in limits) if isinstance(limits, list) else (),
-            device_total={str(d): _int(v) for d, v in (meta.get("device_total") or {}).items()},
-            alloc_conf=meta.get("alloc_conf") if isinstance(meta.get("alloc_conf"), str) else None,
-            recovered_from=meta.get("recovered_from") if isinstance(meta.get("recovered_from"), str) else None,
-            window=(int(window[0]), int(window[1])) if isinstance(window, list) and len(window) == 2 else None,
-            keep_last=_int(meta.get("keep_last")),
-            window_state=meta.get("window_state") if isinstance(meta.get("window_state"), str) else None,
-            ended_by=meta.get("ended_by") if isinstance(meta.get("ended_by"), str) else None,
-            rank=_int(dist.get("rank"), -1) if dist else None,
-            world_size=_int(dist.get("world_size")) if dist else None,
-            backend=dist.get("backend") if dist and isinstance(dist.get("backend"), str) else None,
+            t_start_ns=_get(meta, "t_start_ns", 0), t_stop_ns=_get(meta, "t_stop_ns", 0),
+            baselines={d: (int(b.get("allocated", 0)), int(b.get("reserved", 0)))
+                       for d, b in _get(meta, "baselines", {}).items()},
+            preexisting={d: [(int(p), int(b)) for p, b in blocks]
+                         for d, blocks in _get(meta, "preexisting", {}).items()},
+            main_thread=_get(meta, "main_thread"), reserved_tracked=meta.get("cuda_tracker") == "attached",
+            dropped_events=_get(meta, "dropped_events", 0), first_dropped_ns=_get(meta, "first_dropped_ns"),
+            max_events=_get(meta, "max_events", 0), steps=_get(meta, "steps", 0), status=_get(meta, "status"),
+            stopped_by=_get(meta, "stopped_by") or None, cpu_threads=_get(meta, "cpu_threads"),
+            dataloader_workers=_get(meta, "dataloader_workers", 0), child_processes=_get(meta, "child_processes", 0),
+            recompile_limits=tuple(_get(meta, "recompile_limits", ())),
+            device_total=dict(_get(meta, "device_total", {})),
+            alloc_conf=_get(meta, "alloc_conf"), recovered_from=_get(meta, "recovered_from"),
+            window=(window[0], window[1]) if window else None, keep_last=_get(meta, "keep_last", 0),
+            window_state=_get(meta, "window_state"), ended_by=_get(meta, "ended_by"),
+            rank=dist["rank"] if dist else None, world_size=dist["world_size"] if dist else None,
+            backend=dist.get("backend") if dist else None,
+            options_after_script=tuple(_get(meta, "options_after_script", ())),
+            spill_live=_get(meta, "status") == "running" and _get(meta, "recovered_from") is not None,
+            first_in_process=_get(meta, "first_in_process", False),
         )

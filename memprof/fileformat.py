@@ -6,6 +6,7 @@
     threads.json   [{index, tid, name}] for the events' `thread` column
     plans.json     compile plans, compiled graphs (without their source) and known tensors (v2)
     wrappers/N.py  the wrapper source of compiled graph N (v2)
+    carried.json   where the blocks carried into a step window or a ring were allocated (optional)
 
 A file of a newer format version, a truncated or corrupt file, or a file that is not a
 memprof capture is refused with a one-line CaptureFileError.
@@ -22,7 +23,8 @@ from typing import IO, Any, NamedTuple
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, SEGMENT_KINDS, Kind
+from memprof._events import EVENT_DTYPE, FLAG_CARRIED, SEGMENT_KINDS, CarriedBlock, Kind
+from memprof.capture_info import MAX_BLOCK_BYTES, MAX_TIME_NS, MAX_TOTAL_BYTES, conform, meta_problem
 from memprof.errors import CaptureFileError
 from memprof.outputs import atomic_write, existing_file
 from memprof.plans import CompiledGraph, KnownTensor, Plan
@@ -41,12 +43,13 @@ class Parts(NamedTuple):
     plans: list[Plan]
     graphs: list[CompiledGraph]
     tensors: list[KnownTensor]
+    carried: list[CarriedBlock]
 
 
-def save(cap: Parts, path: Path) -> Path:
-    """Write a capture's parts to `path` atomically (a temporary file renamed into place,
-    `outputs.atomic_write`)."""
-    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **cap.meta}
+def save(cap: Parts, path: Path, overwrite: bool = True) -> Path:
+    """Write a capture's parts to `path` atomically (a temporary file moved into place,
+    `outputs.atomic_write`; without `overwrite`, a file at `path` is kept: FileExistsError)."""
+    meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **conform(cap.meta)}
     raw = np.ascontiguousarray(cap.raw)
 
     def write(fh: IO[bytes]) -> None:
@@ -64,8 +67,10 @@ def save(cap: Parts, path: Path) -> Path:
             }, separators=(",", ":")))
             for i, g in enumerate(cap.graphs):
                 zf.writestr(f"wrappers/{i}.py", g.source)
+            if cap.carried:
+                zf.writestr("carried.json", json.dumps([b.to_json() for b in cap.carried], separators=(",", ":")))
 
-    return atomic_write(path, write)
+    return atomic_write(path, write, overwrite)
 
 
 # Members are decompressed only up to their declared size, and that is checked first against the
@@ -74,9 +79,27 @@ def save(cap: Parts, path: Path) -> Path:
 _MAX_RATIO = {"events.npy": 64}
 _TEXT_RATIO = 100
 _SLACK = 1 << 20
+# What all the members may declare together: the largest ratio of the whole file, and slack once. A
+# real capture has a few members and one per compiled graph.
+_MAX_MEMBERS = 1 << 16
+
+
+def _check_archive(zf: zipfile.ZipFile, size: int, path: Path) -> None:
+    """Before any member is read: no member declares more compressed bytes than the file holds, and
+    all together declare no more than a memprof file of this size can hold (many members each within
+    its own slack add up: the total is bounded, not only each one)."""
+    infos = zf.infolist()
+    if len(infos) > _MAX_MEMBERS:
+        raise CaptureFileError(f"{path}: corrupt capture ({len(infos):,} members: not a memprof file)")
+    for info in infos:
+        if info.compress_size > size or info.header_offset + info.compress_size > size:
+            raise CaptureFileError(f"{path}: corrupt capture ({_clip(info.filename)} declares {info.compress_size:,} "
+                                   f"compressed bytes in a file of {size:,})")
+    total = sum(info.file_size for info in infos)
+    if total > _MAX_RATIO["events.npy"] * size + _SLACK:
+        raise CaptureFileError(f"{path}: corrupt capture (its members declare {total:,} bytes from a file of "
+                               f"{size:,}: not a memprof file's ratio)")
 _MAX_JSON_DEPTH = 64
-# |bytes| of one event; larger is not a real allocation (and sums of such would overflow int64)
-_MAX_EVENT_BYTES = 1 << 50
 _EVENT_KINDS = {k.value for k in Kind}
 # events whose bytes are memory (allocations, frees, segments, OOM requests)
 _SIZED_KINDS = (Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED, Kind.CUDA_FREE_COMPLETED,
@@ -167,35 +190,75 @@ def _read_events(zf: zipfile.ZipFile, path: Path) -> np.ndarray:
         if n < 0 or fh.tell() + n * EVENT_DTYPE.itemsize != info.file_size:
             raise CaptureFileError(f"{path}: corrupt capture (events.npy claims {n:,} events, "
                                    f"its size holds {max(info.file_size - fh.tell(), 0) // EVENT_DTYPE.itemsize:,})")
-        buf = bytearray(n * EVENT_DTYPE.itemsize)
-        if fh.readinto(buf) != len(buf):  # type: ignore[attr-defined]  # a ZipExtFile
-            raise CaptureFileError(f"{path}: truncated capture (events.npy is short)")
-    return np.frombuffer(buf, dtype=EVENT_DTYPE)
+        # (np.empty takes its pages as the data is read into them: a member cut short costs what it held)
+        out = np.empty(n, dtype=EVENT_DTYPE)
+        view = memoryview(out.view(np.uint8))  # type: ignore[arg-type]
+        at = 0
+        while at < len(view):
+            got = fh.readinto(view[at : at + (64 << 20)])  # type: ignore[attr-defined]  # a ZipExtFile
+            if not got:
+                raise CaptureFileError(f"{path}: truncated capture (events.npy is short)")
+            at += got
+    return out
+
+
+# The sign an event's bytes must have, by kind: + allocations and segments made, - frees and segments
+# given back; OOM requests and step numbers are >= 0.
+_POSITIVE = (Kind.ALLOC, Kind.CUDA_ALLOC, Kind.SEGMENT_ALLOC, Kind.SEGMENT_MAP)
+_NEGATIVE = (Kind.FREE, Kind.CUDA_FREE_REQUESTED, Kind.CUDA_FREE_COMPLETED, Kind.SEGMENT_FREE, Kind.SEGMENT_UNMAP)
+# Events are stored in the order they were appended; each took its time just before, so threads can
+# swap a little (a thread descheduled between the two): more than this backwards, or steps back at
+# more than a few of them, is no real capture.
+_MAX_BACKWARDS_NS = 10_000_000_000
+_MAX_BACK_STEPS = 0.05
 
 
 def _check_events(raw: np.ndarray, strings: list[str], path: Path) -> None:
-    """Event fields in the ranges memprof writes: kinds it knows, devices it names, sizes of real memory."""
+    """Event fields in the ranges memprof writes, and the stream's invariants: kinds it knows, devices
+    it names, sizes of real memory with the sign of their kind, times in range and in order (the
+    blocks carried into a window or a ring lead, with their earlier times)."""
     if not len(raw):
         return
+
+    def refuse(bad: np.ndarray, what: str) -> None:
+        if bad.any():
+            i = int(np.argmax(bad))
+            fields = {k: int(raw[k][i]) for k in ("kind", "bytes", "t_ns", "device_type")}
+            raise CaptureFileError(f"{path}: corrupt capture (event {i}: {what.format(**fields)})")
+
     kinds = raw["kind"]
-    unknown = ~np.isin(kinds, np.array(sorted(_EVENT_KINDS), dtype=np.uint8))
-    if unknown.any():
-        i = int(np.argmax(unknown))
-        raise CaptureFileError(f"{path}: corrupt capture (event {i}: unknown kind {int(kinds[i])})")
+    refuse(~np.isin(kinds, np.array(sorted(_EVENT_KINDS), dtype=np.uint8)), "unknown kind {kind}")
     memory = np.isin(kinds, np.array(_SIZED_KINDS, dtype=np.uint8))
-    device_bad = memory & ~np.isin(raw["device_type"], np.array([0, 1], dtype=np.int8))
-    if device_bad.any():
-        i = int(np.argmax(device_bad))
-        raise CaptureFileError(f"{path}: corrupt capture (event {i}: device type {int(raw['device_type'][i])} "
-                               "is neither cpu nor cuda)")
+    refuse(memory & ~np.isin(raw["device_type"], np.array([0, 1], dtype=np.int8)),
+           "device type {device_type} is neither cpu nor cuda")
     size = np.abs(raw["bytes"].astype(np.float64))
-    huge = memory & (size > _MAX_EVENT_BYTES)
-    if huge.any():
-        i = int(np.argmax(huge))
-        raise CaptureFileError(f"{path}: corrupt capture (event {i}: {int(raw['bytes'][i]):,} bytes is not "
-                               "a real allocation)")
-    if float(size[memory].sum()) > 2.0**62:
+    refuse(memory & (size > MAX_BLOCK_BYTES), "{bytes:,} bytes is not a real allocation")
+    if float(size[memory].sum()) > MAX_TOTAL_BYTES:
         raise CaptureFileError(f"{path}: corrupt capture (event sizes add up past what 64-bit counts hold)")
+    nbytes = raw["bytes"]
+    refuse(np.isin(kinds, np.array(_POSITIVE, dtype=np.uint8)) & (nbytes <= 0),
+           "an allocation of {bytes:,} bytes (allocations are positive)")
+    refuse(np.isin(kinds, np.array(_NEGATIVE, dtype=np.uint8)) & (nbytes >= 0),
+           "a free of {bytes:,} bytes (frees are negative)")
+    refuse(((kinds == Kind.OOM) | (kinds == Kind.STEP)) & (nbytes < 0), "a negative count {bytes:,}")
+    t = raw["t_ns"]
+    refuse((t < 0) | (t >= MAX_TIME_NS), "time {t_ns} ns is outside the steady clock's range")
+    carried = (raw["flags"] & FLAG_CARRIED) != 0
+    lead = int(np.argmin(carried)) if not carried.all() else len(raw)
+    refuse(carried & (np.arange(len(raw)) >= lead), "a carried event after the stored steps began")
+    own = t[lead:]
+    if len(own):
+        steps_back = int((own[1:] < own[:-1]).sum())
+        if steps_back > max(16, _MAX_BACK_STEPS * len(own)):
+            raise CaptureFileError(f"{path}: corrupt capture ({steps_back:,} of its {len(own):,} events are before "
+                                   "an earlier event's time: events are stored in time order)")
+        back = np.maximum.accumulate(own) - own
+        if int(back.max()) > _MAX_BACKWARDS_NS:
+            i = lead + int(np.argmax(back > _MAX_BACKWARDS_NS))
+            raise CaptureFileError(f"{path}: corrupt capture (event {i}: its time is {int(back[i - lead]) / 1e9:.1f} s "
+                                   "before an earlier event's: events are stored in time order)")
+        if lead and int(t[:lead].max()) > int(own[0]) + _MAX_BACKWARDS_NS:
+            raise CaptureFileError(f"{path}: corrupt capture (a carried event is later than the stored steps)")
     if int(raw["scope"].max()) >= len(strings):
         raise CaptureFileError(f"{path}: corrupt capture (scope ids outside the string table)")
 
@@ -208,44 +271,11 @@ def _is_count(v: Any) -> bool:
     return _is_int(v) and v >= 0
 
 
-def _is_strings(v: Any) -> bool:
-    return isinstance(v, list) and all(isinstance(x, str) for x in v)
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-# The meta.json fields memprof reads, and what each must be (absent or null is always allowed;
-# fields it does not know are kept, for later memprofs' files).
-_META_FIELDS: dict[str, tuple[str, Any]] = {
-    "t_start_ns": ("an integer", _is_int), "t_stop_ns": ("an integer", _is_int),
-    "first_dropped_ns": ("an integer", _is_int),
-    "dropped_events": ("an integer", _is_count),
-    "max_events": ("an integer", _is_count),
-    "steps": ("an integer", _is_count),
-    "exit_code": ("an integer", _is_int), "main_thread": ("an integer", _is_int),
-    "dataloader_workers": ("an integer", _is_count),
-    "child_processes": ("an integer", _is_count),
-    "budget": ("a number", _is_number),
-    "notes": ("a list of strings", _is_strings), "recompile_limits": ("a list of strings", _is_strings),
-    "baselines": ("{device: {allocated, reserved}}", lambda v: isinstance(v, dict) and all(
-        isinstance(d, dict) and all(_is_int(x) for x in d.values()) for d in v.values())),
-    "device_total": ("{device: bytes}", lambda v: isinstance(v, dict) and all(_is_count(x) for x in v.values())),
-    "preexisting": ("{device: [[ptr, bytes], ...]}", lambda v: isinstance(v, dict) and all(
-        isinstance(blocks, list) and all(isinstance(b, list) and len(b) == 2 and all(_is_int(x) for x in b)
-                                         for b in blocks) for blocks in v.values())),
-    **{k: ("a string", lambda v: isinstance(v, str)) for k in (
-        "command", "status", "error", "stopped_by", "cuda_tracker", "cpu_threads", "step_source", "scopes",
-        "memprof_version", "torch_version", "cuda_version", "python_version", "plans", "remat", "script",
-        "allocator_backend", "cpu_note", "alloc_conf")},
-}
-
-
 def _check_meta(meta: dict[str, Any], path: Path) -> None:
-    for key, (what, ok) in _META_FIELDS.items():
-        if meta.get(key) is not None and not ok(meta[key]):
-            raise CaptureFileError(f"{path}: corrupt capture (meta.json {key} is not {what}: {_clip(meta[key])})")
+    problem = meta_problem(meta)
+    if problem is not None:
+        key = problem.split(" ", 1)[0]
+        raise CaptureFileError(f"{path}: corrupt capture (meta.json {problem}: {_clip(meta[key])})")
 
 
 def _check_threads(threads: Any, path: Path) -> list[dict[str, Any]]:
@@ -266,6 +296,7 @@ def read(path: str | os.PathLike[str]) -> Parts:
     p = existing_file(path, f"{path}: no such file", f"{path} is a directory, not a capture file", CaptureFileError)
     try:
         with zipfile.ZipFile(p) as zf:
+            _check_archive(zf, p.stat().st_size, p)
             names = set(zf.namelist())
             if "meta.json" not in names:
                 raise CaptureFileError(f"{p}: not a memprof capture (no meta.json)")
@@ -285,9 +316,13 @@ def read(path: str | os.PathLike[str]) -> Parts:
             threads = _read_json(zf, "threads.json", p)
             plans_doc = _read_json(zf, "plans.json", p) if "plans.json" in names else {}
             sources = {n: _read(zf, n, p).decode("utf-8", "replace") for n in names if n.startswith("wrappers/")}
+            carried = _read_json(zf, "carried.json", p) if "carried.json" in names else []
     except CaptureFileError:
         raise
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError):
+        if _is_script(p):
+            raise CaptureFileError(f"{p} is a Python script, not a capture: memprof trace {p} [ARGS] records one "
+                                   "(memprof report reads the .memprof file it writes)") from None
         raise CaptureFileError(f"{p}: truncated or corrupt capture (not a readable memprof file)") from None
     except (ValueError, NotImplementedError, RuntimeError) as exc:
         raise CaptureFileError(f"{p}: corrupt capture ({_clip(str(exc), 120)})") from None
@@ -296,11 +331,23 @@ def read(path: str | os.PathLike[str]) -> Parts:
     meta.pop("format", None)
     meta["format_version_read"] = meta.pop("format_version")
     meta["path"] = str(p)
-    return checked(raw, strings, meta, threads, plans_doc, sources, p)
+    return checked(raw, strings, meta, threads, plans_doc, sources, p, carried)
+
+
+def _is_script(path: Path) -> bool:
+    """Whether a file that is no zip is a Python script (a slip of `report` for `trace`)."""
+    if path.suffix in (".py", ".pyw"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return False
+    return head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0]
 
 
 def checked(raw: np.ndarray, strings: Any, meta: dict[str, Any], threads: Any, plans_doc: Any,
-            sources: dict[str, str], path: Path) -> Parts:
+            sources: dict[str, str], path: Path, carried: Any = ()) -> Parts:
     """A capture's parts, each checked (types, event fields in range); one CaptureFileError line
     otherwise. (`read`, and the spill's recovery.)"""
     if not isinstance(strings, list) or not strings or not all(isinstance(s, str) for s in strings):
@@ -308,7 +355,30 @@ def checked(raw: np.ndarray, strings: Any, meta: dict[str, Any], threads: Any, p
     _check_meta(meta, path)
     _check_events(raw, strings, path)
     plans, graphs, tensors = _plans(plans_doc, sources, path)
-    return Parts(raw, strings, meta, _check_threads(threads, path), plans, graphs, tensors)
+    return Parts(raw, strings, meta, _check_threads(threads, path), plans, graphs, tensors,
+                 _carried(carried, raw, len(strings), path))
+
+
+def _carried(doc: Any, raw: np.ndarray, strings: int, path: Path) -> list[CarriedBlock]:
+    """carried.json: [[row, [[scope, occurrence], ...], ordinal], ...], each row a carried allocation."""
+    bad = f"{path}: corrupt capture (bad carried.json)"
+    if not isinstance(doc, list | tuple):
+        raise CaptureFileError(bad)
+    out: list[CarriedBlock] = []
+    carried_alloc = ((raw["flags"] & FLAG_CARRIED) != 0) & np.isin(raw["kind"], [Kind.ALLOC, Kind.CUDA_ALLOC])
+    for entry in doc:
+        if not (isinstance(entry, list) and len(entry) == 3 and _is_count(entry[0]) and _is_count(entry[2])
+                and isinstance(entry[1], list)):
+            raise CaptureFileError(bad)
+        row, frames, ordinal = entry
+        if row >= len(raw) or not carried_alloc[row] or ordinal >= 1 << 32:
+            raise CaptureFileError(f"{path}: corrupt capture (carried.json names row {_clip(row)}, not a carried "
+                                   "allocation)")
+        if not all(isinstance(f, list) and len(f) == 2 and _is_count(f[0]) and f[0] < strings
+                   and _is_count(f[1]) and f[1] < 1 << 32 for f in frames):
+            raise CaptureFileError(bad)
+        out.append(CarriedBlock(row, tuple((f[0], f[1]) for f in frames), ordinal))
+    return out
 
 
 def _plans(doc: Any, sources: dict[str, str], path: Path) -> tuple[list[Plan], list[CompiledGraph], list[KnownTensor]]:

@@ -27,48 +27,61 @@ class Pair(NamedTuple):
     closed: bool  # False: closed by an outer scope's end, or never closed (end -1)
 
 
-def _match(stack: list[tuple[int, int]], scope: int) -> int:
-    """The rule's search: the innermost open scope with this id (-1: none, the end is ignored)."""
-    if stack and stack[-1][1] == scope:  # the usual case, properly nested
-        return len(stack) - 1
-    for j in range(len(stack) - 2, -1, -1):
-        if stack[j][1] == scope:
-            return j
-    return -1
+class _Open:
+    """One thread's open scopes, with where each id is open: the rule's search (the innermost open scope
+    of an id) in constant time, so a thread's events pair in linear time whatever they hold (an end
+    that matches nothing, against thousands open, is ignored at once)."""
+
+    def __init__(self) -> None:
+        self.stack: list[tuple[int, int]] = []  # (index, scope)
+        self.where: dict[int, list[int]] = {}  # scope -> its positions in the stack, innermost last
+
+    def begin(self, index: int, scope: int) -> None:
+        self.where.setdefault(scope, []).append(len(self.stack))
+        self.stack.append((index, scope))
+
+    def match(self, scope: int) -> int:
+        """The position of the innermost open scope with this id (-1: none, the end is ignored)."""
+        at = self.where.get(scope)
+        return at[-1] if at else -1
+
+    def pop(self) -> tuple[int, int]:
+        index, scope = self.stack.pop()
+        self.where[scope].pop()
+        return index, scope
 
 
 def pair(kinds: Sequence[int], scopes: Sequence[int]) -> list[Pair]:
     """Pair one thread's begin/end events (in order) by the rule above; in the order they close,
     then the ones left open, innermost first."""
-    stack: list[tuple[int, int]] = []  # (index, scope)
+    open_ = _Open()
     out: list[Pair] = []
     for i, (kind, scope) in enumerate(zip(kinds, scopes, strict=True)):
         if kind == Kind.SCOPE_BEGIN:
-            stack.append((i, scope))
+            open_.begin(i, scope)
             continue
-        j = _match(stack, scope)
+        j = open_.match(scope)
         if j >= 0:
-            while len(stack) > j:
-                b, s = stack.pop()
-                out.append(Pair(b, i, s, len(stack), len(stack) == j))
-    while stack:
-        b, s = stack.pop()
-        out.append(Pair(b, -1, s, len(stack), False))
+            while len(open_.stack) > j:
+                b, s = open_.pop()
+                out.append(Pair(b, i, s, len(open_.stack), len(open_.stack) == j))
+    while open_.stack:
+        b, s = open_.pop()
+        out.append(Pair(b, -1, s, len(open_.stack), False))
     return out
 
 
 def open_scopes(kinds: Sequence[int], scopes: Sequence[int]) -> list[int]:
     """The scope ids still open (outermost first) after one thread's events, by the same rule as
     `pair` (without building the pairs: the stack at one event of a long capture)."""
-    stack: list[tuple[int, int]] = []
+    open_ = _Open()
     for i, (kind, scope) in enumerate(zip(kinds, scopes, strict=True)):
         if kind == Kind.SCOPE_BEGIN:
-            stack.append((i, scope))
-        elif stack and stack[-1][1] == scope:  # (`_match`'s usual case, without the call)
-            stack.pop()
-        elif (j := _match(stack, scope)) >= 0:
-            del stack[j:]
-    return [s for _i, s in stack]
+            open_.begin(i, scope)
+        elif (j := open_.match(scope)) >= 0:
+            while len(open_.stack) > j:
+                open_.pop()
+    return [s for _i, s in open_.stack]
 
 
 class Slice(NamedTuple):

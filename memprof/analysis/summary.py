@@ -107,6 +107,7 @@ class Summary:
     warnings: list[str]
     path: str | None
     command: str | None
+    options_after_script: list[str]  # memprof's options that came after SCRIPT on its command line
     budget: Any
     status: str | None
     exit_code: int | None
@@ -135,10 +136,11 @@ class Summary:
 def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
     raw = cap.raw
     tl = cap.timeline(dev)
-    live = cap.live_at_peak(dev)
+    live = cap.live_at(dev, None, top)  # the largest; the rest counted from arrays (a peak can hold millions)
+    every = tl.live_positions(tl.peak_pos) if tl.peak_pos >= 0 else np.zeros(0, np.int64)
     peak_t = int(tl.t_ns[tl.peak_pos]) if tl.peak_pos >= 0 else t0
     labels = cap.labels(dev)
-    live_pos = np.searchsorted(tl.rows, [a.row for a in live[:top]])  # rows are sorted
+    live_pos = np.searchsorted(tl.rows, [a.row for a in live])  # rows are sorted
     reasons: dict[str, int] = defaultdict(int)
     for c in labels.calls:
         if c.level != "buffer":
@@ -152,13 +154,13 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
         categories_at_peak=[r for r in cap.attribution("peak", "category", dev, lower_bound=True) if r.bytes],
         graph_calls=GraphCalls(len(labels.calls), sum(c.level == "buffer" for c in labels.calls), dict(reasons)),
         peak_bytes=tl.peak, peak_t_s=(peak_t - t0) / 1e9, baseline_bytes=tl.baseline, final_bytes=tl.final,
-        reserved_peak_bytes=tl.reserved_peak if tl.has_reserved else None, live_at_peak=len(live),
-        allocated_before_capture_bytes=tl.peak - sum(a.bytes for a in live), inferred_sizes=tl.inferred,
-        stack_at_peak=cap.scope_stack_at_peak(dev),
+        reserved_peak_bytes=tl.reserved_peak if tl.has_reserved else None, live_at_peak=len(every),
+        allocated_before_capture_bytes=tl.peak - int(tl.delta[every].sum()), inferred_sizes=tl.inferred,
+        stack_at_peak=_shown_stack(cap.scope_stack_at_peak(dev)),
         largest=[LiveRow(a.bytes, a.requested, a.scope, CATEGORIES[int(labels.category[p])],
                          labels.names[int(labels.node[p])], (peak_t - a.t_ns) / 1e6, a.ptr)
-                 for a, p in zip(live[:top], live_pos.tolist(), strict=True)],
-        scopes=_top_scopes(((a.scope, a.bytes) for a in live), top),
+                 for a, p in zip(live, live_pos.tolist(), strict=True)],
+        scopes=_scopes_of(cap, raw["scope"][tl.rows[every]], tl.delta[every], top),
         steps=[StepRow(s.step, s.peak, s.allocated_at_end, s.reserved_at_end, s.complete,
                        freed_bytes(tl, gc_pos, s.start_row, s.end_row)) for s in cap.steps(dev)],
     )
@@ -171,7 +173,8 @@ def summarize(cap: Capture, top: int = 8) -> Summary:
     t1 = info.t_stop_ns or (int(raw["t_ns"][-1]) if len(raw) else t0)
     return Summary(
         plans=[plan_summary(p) for p in cap.plans], warnings=rng_warnings(cap), path=meta.get("path"),
-        command=meta.get("command"), budget=meta.get("budget"), status=meta.get("status"),
+        command=meta.get("command"), options_after_script=list(info.options_after_script), budget=meta.get("budget"),
+        status=meta.get("status"),
         exit_code=meta.get("exit_code"), error=meta.get("error"), events=len(raw), duration_s=(t1 - t0) / 1e9,
         dropped_events=cap.dropped, exact=cap.exact, caveats=cap.caveats, steps_run=meta.get("steps"),
         max_events=meta.get("max_events"), unfollowed_events=unfollowed_count(raw),
@@ -180,12 +183,33 @@ def summarize(cap: Capture, top: int = 8) -> Summary:
     )
 
 
-def _top_scopes(items: Iterable[tuple[str, int]], top: int) -> list[ScopeBytes]:
+_STACK_SHOWN = (5, 30)  # outermost and innermost scopes shown of a deeper stack
+
+
+def _shown_stack(stack: list[str]) -> list[str]:
+    """A stack as the summary shows it: whole up to a depth real code reaches, else its ends."""
+    outer, inner = _STACK_SHOWN
+    if len(stack) <= outer + inner:
+        return stack
+    return [*stack[:outer], f"({len(stack) - outer - inner:,} scopes)", *stack[-inner:]]
+
+
+def _scopes_of(cap: Capture, scopes: np.ndarray, sizes: np.ndarray, top: int) -> list[ScopeBytes]:
+    """Live bytes by allocating scope (ids and sizes of the live allocations), the largest `top`."""
+    if not len(scopes):
+        return []
+    ids, inverse = np.unique(scopes, return_inverse=True)
+    totals = np.bincount(inverse, weights=sizes).astype(np.int64)
+    counts = np.bincount(inverse)
+    return _top_scopes(((cap.scope_name(int(ids[k])), int(totals[k]), int(counts[k])) for k in range(len(ids))), top)
+
+
+def _top_scopes(items: Iterable[tuple[str, int] | tuple[str, int, int]], top: int) -> list[ScopeBytes]:
     """(scope, bytes) pairs summed by scope, largest first."""
     by_scope: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for scope, nbytes in items:
+    for scope, nbytes, *count in items:
         by_scope[scope or "(no scope)"][0] += nbytes
-        by_scope[scope or "(no scope)"][1] += 1
+        by_scope[scope or "(no scope)"][1] += count[0] if count else 1
     return [ScopeBytes(k, b, c) for k, (b, c) in sorted(by_scope.items(), key=lambda kv: -kv[1][0])[:top]]
 
 

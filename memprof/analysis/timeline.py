@@ -50,6 +50,8 @@ class Timeline:
     reserved_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     reserved_t_ns: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     reserved: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # what in the events no real capture holds (`consistency`): its figures cannot be vouched for
+    problems: tuple[str, ...] = ()
 
     @property
     def peak(self) -> int:
@@ -99,37 +101,10 @@ class Timeline:
         return idx[alive]
 
 
-def build_timeline(
-    raw: np.ndarray,
-    device: str,
-    baseline: int = 0,
-    reserved_baseline: int = 0,
-    has_reserved: bool = False,
-) -> Timeline:
-    """The timeline of one device from the raw events."""
-    on_device = device_mask(raw, device)
-    rows = np.flatnonzero(on_device & np.isin(raw["kind"], _MEMORY_KINDS)).astype(np.int64)
-    kinds = raw["kind"][rows]
-    ptrs = raw["ptr"][rows]
-    delta = raw["bytes"][rows].astype(np.int64)
-    is_alloc = (kinds == Kind.ALLOC) | (kinds == Kind.CUDA_ALLOC)
-
-    # Pair each allocation with the next free of the same address.
-    n = len(rows)
-    free_of = np.full(n, -1, dtype=np.int64)
-    alloc_of = np.full(n, -1, dtype=np.int64)
-    if n > 1:
-        order = np.lexsort((np.arange(n), ptrs))
-        same = ptrs[order][1:] == ptrs[order][:-1]
-        sorted_alloc = is_alloc[order]
-        pair = same & sorted_alloc[:-1] & ~sorted_alloc[1:]
-        a_pos, f_pos = order[:-1][pair], order[1:][pair]
-        free_of[a_pos] = f_pos
-        alloc_of[f_pos] = a_pos
-
-    # Events seen only by the CUDA tracker carry requested sizes, not block sizes:
-    # take the block size from the paired reporter event, else round the request up to the
-    # caching allocator's granule.
+def _tracker_sizes(kinds: np.ndarray, delta: np.ndarray, free_of: np.ndarray, alloc_of: np.ndarray) -> int:
+    """Events seen only by the CUDA tracker carry requested sizes, not block sizes: take the block size
+    from the paired reporter event, else round the request up to the caching allocator's granule (in
+    `delta`, in place); returns how many were rounded."""
     inferred = 0
     tracker_alloc = np.flatnonzero(kinds == Kind.CUDA_ALLOC)
     if len(tracker_alloc):
@@ -145,12 +120,53 @@ def build_timeline(
         delta[tracker_free[has]] = -delta[paired[has]]
         delta[tracker_free[~has]] = -round_up_array(delta[tracker_free[~has]])
         inferred += int((~has).sum())
+    return inferred
+
+
+def build_timeline(
+    raw: np.ndarray,
+    device: str,
+    baseline: int = 0,
+    reserved_baseline: int = 0,
+    has_reserved: bool = False,
+    unseen_frees: bool = True,
+    every_thread: bool = True,
+) -> Timeline:
+    """The timeline of one device from the raw events. `unseen_frees`: frees of blocks the capture
+    never saw allocated can be real (CUDA blocks from before it; CPU blocks an earlier capture in the
+    process saw); where they cannot, each is a problem (`consistency`). `every_thread`: every thread's
+    allocations and frees were seen (else an address can come back allocated on the one followed)."""
+    on_device = device_mask(raw, device)
+    rows = np.flatnonzero(on_device & np.isin(raw["kind"], _MEMORY_KINDS)).astype(np.int64)
+    kinds = raw["kind"][rows]
+    ptrs = raw["ptr"][rows]
+    delta = raw["bytes"][rows].astype(np.int64)
+    is_alloc = (kinds == Kind.ALLOC) | (kinds == Kind.CUDA_ALLOC)
+
+    # Pair each allocation with the next free of the same address.
+    n = len(rows)
+    free_of = np.full(n, -1, dtype=np.int64)
+    alloc_of = np.full(n, -1, dtype=np.int64)
+    twice = 0  # allocations at an address still live (no real capture has one: `consistency`)
+    if n > 1:
+        order = np.lexsort((np.arange(n), ptrs))
+        same = ptrs[order][1:] == ptrs[order][:-1]
+        sorted_alloc = is_alloc[order]
+        twice = int((same & sorted_alloc[:-1] & sorted_alloc[1:]).sum())
+        pair = same & sorted_alloc[:-1] & ~sorted_alloc[1:]
+        a_pos, f_pos = order[:-1][pair], order[1:][pair]
+        free_of[a_pos] = f_pos
+        alloc_of[f_pos] = a_pos
+
+    inferred = _tracker_sizes(kinds, delta, free_of, alloc_of)
 
     if device == "cpu":
         # CPU bytes count from the capture start: a free of a tensor allocated before it (which
         # PyTorch reports when an earlier capture saw the allocation) must not count below zero.
         delta[~is_alloc & (alloc_of < 0)] = 0
     allocated = baseline + np.cumsum(delta) if n else np.zeros(0, np.int64)
+    problems = consistency(raw, rows, kinds, is_alloc, free_of, alloc_of, allocated,
+                           unseen_frees or device != "cpu" or not every_thread, twice if every_thread else 0)
     seg_rows = np.flatnonzero(on_device & np.isin(raw["kind"], np.array(SEGMENT_KINDS, dtype=np.uint8)))
     seg_rows = seg_rows.astype(np.int64)
     reserved = reserved_baseline + np.cumsum(raw["bytes"][seg_rows].astype(np.int64))
@@ -170,7 +186,31 @@ def build_timeline(
         reserved_rows=seg_rows,
         reserved_t_ns=raw["t_ns"][seg_rows].astype(np.int64),
         reserved=np.asarray(reserved, dtype=np.int64),
+        problems=problems,
     )
+
+
+def consistency(raw: np.ndarray, rows: np.ndarray, kinds: np.ndarray, is_alloc: np.ndarray, free_of: np.ndarray,
+                alloc_of: np.ndarray, allocated: np.ndarray, unseen_frees: bool, twice: int) -> tuple[str, ...]:
+    """What in one device's allocations and frees no real capture holds: an address allocated again
+    before it was freed (`twice`, counted where the timeline pairs them), a free of another size than
+    its allocation, a free of an address the capture never allocated (where that cannot be real),
+    fewer bytes live than none."""
+    out: list[str] = []
+    if twice:
+        out.append(f"{twice:,} blocks allocated again at an address still live")
+    reporter = np.flatnonzero(is_alloc & (kinds == Kind.ALLOC) & (free_of >= 0))
+    paired = free_of[reporter]
+    sizes_differ = reporter[(kinds[paired] == Kind.FREE)
+                            & (raw["bytes"][rows[paired]] != -raw["bytes"][rows[reporter]])]
+    if len(sizes_differ):
+        out.append(f"{len(sizes_differ):,} frees of another size than their allocation")
+    unseen = int((~is_alloc & (alloc_of < 0)).sum())
+    if unseen and not unseen_frees:
+        out.append(f"{unseen:,} frees of addresses the capture never allocated")
+    if len(allocated) and int(allocated.min()) < 0:
+        out.append("more bytes freed than were live")
+    return tuple(out)
 
 
 def unfollowed_count(raw: np.ndarray) -> int:

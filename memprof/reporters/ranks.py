@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 
 from memprof.analysis.ranks import RankSet
 from memprof.analysis.units import fmt_bytes
+from memprof.outputs import json_text
 
 
 def render_ranks(name: str, ranks: RankSet, as_json: bool) -> str:
     top, lowest = ranks.highest, ranks.lowest
     if as_json:
-        return json.dumps({"run": name, "world_size": ranks.world_size, "backend": ranks.backend,
+        return json_text({"run": name, "world_size": ranks.world_size, "backend": ranks.backend,
                            "highest_rank": top.rank, "spread_bytes": ranks.spread,
                            "ranks": [asdict(r) for r in ranks.rows]}, indent=1)
     lines = [f"memprof: {name}: {ranks.world_size} ranks" + (f" ({ranks.backend})" if ranks.backend else ""),

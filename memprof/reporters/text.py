@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from typing import Any
 
@@ -11,12 +10,13 @@ from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, summa
 from memprof.analysis.units import fmt_bytes
 from memprof.capture import Capture
 from memprof.errors import printable
+from memprof.outputs import json_text
 from memprof.reporters.registry import register
 
 
 @register("json", "report", ".json", "peak summary as JSON")
 def render_json(cap: Capture, top: int = 8) -> str:
-    return json.dumps(summarize(cap, top).to_json(), indent=1)
+    return json_text(summarize(cap, top).to_json(), indent=1)
 
 
 @register("text", "report", ".txt", "peak summary as text")
@@ -28,6 +28,8 @@ def _head(s: Summary) -> list[str]:
     head = f"memprof: {s.events:,} events over {s.duration_s:.2f} s"
     if s.command:
         head += f" · {s.command}"
+    if s.options_after_script:  # the user may have meant them for the script
+        head += f" · memprof took {' '.join(s.options_after_script)} from after the script (the script's own: after --)"
     if s.budget is not None:
         head += f" · activation_memory_budget={s.budget}"
     lines = [head, *(f"  {c}" for c in s.caveats)]
@@ -170,7 +172,7 @@ def render_table(cap: Capture, by: str = "category", at: str = "peak", device: s
 def render_table_json(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
                       top: int = 0) -> str:
     rows, _label, exact = _table(cap, by, at, device)
-    return json.dumps({
+    return json_text({
         "device": device or cap.main_device, "at": at, "by": by, "bytes": sum(r.bytes for r in rows),
         "exact": exact, "caveats": cap.caveats,
         "rows": [asdict(r) for r in (rows[:top] if top else rows)], "warnings": cap.caveats + rng_warnings(cap),

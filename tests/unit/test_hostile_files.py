@@ -21,6 +21,7 @@ import memprof
 from memprof._events import EVENT_DTYPE
 from memprof.analysis.wrapper_code import parse_wrapper
 from memprof.errors import CaptureFileError, MemprofError
+from memprof.reporters.text import render_text
 
 from ..conftest import invoke_memprof, one_line_error
 
@@ -67,7 +68,7 @@ def test_the_fixture_loads_and_reports() -> None:
 @pytest.mark.parametrize(("changes", "needle"), [
     ({"baselines": "cpu"}, "baselines"),
     ({"baselines": [1, 2]}, "baselines"),
-    ({"t_start_ns": "soon"}, "t_start_ns is not an integer"),
+    ({"t_start_ns": "soon"}, "t_start_ns is not a time in nanoseconds"),
     ({"notes": "a string, printed one character a line"}, "notes is not a list of strings"),
     ({"format_version": True}, "unknown capture format version True"),
     ({"format_version": "2" * 5000}, "unknown capture format version"),
@@ -168,6 +169,137 @@ def test_zip_bombs_are_refused_before_they_are_read(tmp_path: Path, member: str)
     with pytest.raises(CaptureFileError, match="not a memprof file's ratio"):
         memprof.load(path)
     assert time.perf_counter() - t0 < 1.0
+
+
+def _rezip(members: dict[str, bytes], dst: Path, stored: tuple[str, ...] = ()) -> Path:
+    with zipfile.ZipFile(dst, "w") as zf:
+        for name, data in members.items():
+            zf.writestr(name, data, zipfile.ZIP_STORED if name in stored else zipfile.ZIP_DEFLATED)
+    return dst
+
+
+def test_a_stored_member_declaring_more_than_the_file_holds_costs_nothing(tmp_path: Path) -> None:
+    """A 5 kB file whose STORED events.npy declares 3.7 GB (its header and the zip's sizes agree) is
+    refused before anything is allocated, from the sizes alone."""
+    members = _members()
+    path = _rezip(members, tmp_path / "stored.memprof", stored=("events.npy",))
+    data = bytearray(path.read_bytes())
+    big = 3_760_000_000
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("events.npy")
+    # the compressed and file sizes, in the member's local header and its central directory entry
+    local = data.find(b"PK\x03\x04", info.header_offset)
+    central = data.find(b"PK\x01\x02")
+    while data[central + 46 : central + 46 + len(b"events.npy")] != b"events.npy":
+        central = data.find(b"PK\x01\x02", central + 4)
+    for at in (local + 18, central + 20):
+        struct.pack_into("<II", data, at, big, big)
+    (tmp_path / "huge.memprof").write_bytes(bytes(data))
+    t0 = time.perf_counter()
+    with pytest.raises(CaptureFileError, match="declares 3,760,000,000 compressed bytes in a file of"):
+        memprof.load(tmp_path / "huge.memprof")
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_many_small_members_are_bounded_together(tmp_path: Path) -> None:
+    """Each member within its own ratio, but all together far past any capture of the file's size."""
+    members = _members()
+    path = tmp_path / "many.memprof"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+        for k in range(300):
+            zf.writestr(f"wrappers/x{k}.py", b"#" * (900 << 10))  # each 900 kB: under the slack alone
+    t0 = time.perf_counter()
+    with pytest.raises(CaptureFileError, match="its members declare"):
+        memprof.load(path)
+    assert time.perf_counter() - t0 < 0.5
+
+
+@pytest.mark.parametrize(("change", "needle"), [
+    (lambda raw: raw["bytes"].__setitem__(int(np.flatnonzero(raw["kind"] == 0)[0]), -4096),
+     "an allocation of -4,096 bytes"),
+    (lambda raw: raw["bytes"].__setitem__(int(np.flatnonzero(raw["kind"] == 1)[0]), 4096), "a free of 4,096 bytes"),
+    (lambda raw: raw["t_ns"].__setitem__(slice(None), raw["t_ns"][::-1].copy()), "before an earlier event's"),
+    (lambda raw: raw["t_ns"].__setitem__(0, np.iinfo(np.int64).min + 5), "outside the steady clock's range"),
+])
+def test_nonsense_event_streams_are_refused(tmp_path: Path, change: Callable[[np.ndarray], None],
+                                            needle: str) -> None:
+    with pytest.raises(CaptureFileError, match=needle):
+        memprof.load(_with_events(tmp_path, change))
+
+
+def test_frees_of_addresses_never_allocated_are_not_called_exact(tmp_path: Path) -> None:
+    """A free moved to an address the capture never allocated leaves its block live to the end: the
+    peak would grow, and it is said not to be exact (the file is the first capture of its process)."""
+    cap = memprof.load(FIXTURE)
+    assert cap.info.first_in_process is False  # (an older file: no claim either way)
+
+    def change(raw: np.ndarray) -> None:
+        frees = np.flatnonzero(raw["kind"] == 1)
+        raw["ptr"][frees[:3]] = 0xDEAD0000 + np.arange(3)
+
+    members = _members(_with_events(tmp_path, change))
+    meta = json.loads(members["meta.json"])
+    meta["first_in_process"] = True
+    members["meta.json"] = json.dumps(meta).encode()
+    bad = memprof.load(_write(tmp_path / "moved.memprof", members))
+    assert not bad.exact and bad.caveats[0].startswith("INCONSISTENT")
+    assert "3 frees of addresses the capture never allocated" in bad.caveats[0]
+    with pytest.raises(memprof.IncompleteCaptureError, match="inconsistent"):
+        bad.peak()
+    assert "INCONSISTENT" in render_text(bad).splitlines()[1]
+
+
+def test_special_files_are_refused_at_once(tmp_path: Path) -> None:
+    import os
+
+    os.mkfifo(tmp_path / "fifo.memprof")
+    for path in ("/dev/zero", str(tmp_path / "fifo.memprof")):
+        line = one_line_error(invoke_memprof("report", path, cwd=tmp_path))
+        assert "is not a regular file" in line, line
+
+
+@pytest.mark.parametrize(("changes", "needle"), [
+    ({"baselines": {"cpu": {"allocated": 10**40, "reserved": 0}}}, "baselines"),
+    ({"preexisting": {"cuda:0": [[1, 10**40]]}}, "preexisting"),
+    ({"t_start_ns": 10**30}, "t_start_ns"),
+    ({"window": ["a", "b"]}, "window"),
+    ({"window": [5, 2]}, "window"),
+    ({"distributed": {"rank": 0, "world_size": 10**12}}, "distributed"),
+    ({"steps": 2**70}, "steps"),
+])
+def test_meta_out_of_range_is_one_line_from_load_and_report(tmp_path: Path, changes: dict[str, object],
+                                                            needle: str) -> None:
+    path = _with_meta(tmp_path, **changes)
+    with pytest.raises(CaptureFileError, match=needle):
+        memprof.load(path)
+    assert needle in one_line_error(invoke_memprof("report", str(path), cwd=tmp_path))
+    export = invoke_memprof("export", str(path), "-o", str(tmp_path / "x.json"), cwd=tmp_path)
+    assert needle in one_line_error(export)
+
+
+def test_the_writer_keeps_to_the_schema(tmp_path: Path) -> None:
+    """What memprof writes, it reads: a field of the wrong kind (a script's odd value) is left out and
+    said in a note, never written to be refused later."""
+    cap = memprof.load(FIXTURE)
+    cap.meta["steps"] = -3
+    cap.meta["window"] = ["a", "b"]
+    cap.save(tmp_path / "w.memprof")
+    back = memprof.load(tmp_path / "w.memprof")
+    assert "steps" not in back.meta and "window" not in back.meta
+    assert any("meta field steps was not a whole number" in n for n in back.meta["notes"])
+
+
+def test_a_nan_budget_is_valid_json_and_said(tmp_path: Path) -> None:
+    path = _with_meta(tmp_path, budget=float("nan"))
+    res = invoke_memprof("report", str(path), "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert doc["budget"] is None and any("activation_memory_budget is nan" in c for c in doc["caveats"])
+    table = json.loads(invoke_memprof("report", str(path), "--by", "category", "--json", cwd=tmp_path).stdout,
+                       parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    assert any("nan" in c for c in table["caveats"])
 
 
 def test_wrapper_parsing_is_linear() -> None:
