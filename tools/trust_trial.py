@@ -262,7 +262,8 @@ def _two_at_once(cwd: Path) -> str | None:
 
 
 def _script_writes_output(cwd: Path) -> str | None:
-    _traced(cwd, "open('s.memprof', 'w').write('mine')\nimport torch\nx = torch.empty(10)\n")
+    _write(cwd, "s.py", "open('s.memprof', 'w').write('mine')\nimport torch\nx = torch.empty(10)\n")
+    _py(cwd, ["-m", "memprof", "trace", "s.py"])  # (no --force: with it, memprof replaces the file, as asked)
     if (cwd / "s.memprof").read_text() != "mine":
         return "the script's file was overwritten"
     return None if (cwd / "s.1.memprof").exists() else "the capture went nowhere"
