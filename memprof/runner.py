@@ -231,8 +231,7 @@ class Traced:
     ending: Ending
 
 
-def report(cap: Capture, out: Path, chrome_path: Path | None, save_error: str | None, launch: Path,
-           force: bool) -> None:
+def report(cap: Capture, chrome_path: Path | None, save_error: str | None, launch: Path, force: bool) -> None:
     """The summary first, then where each file went (or why it could not be written). Of a
     distributed run's ranks only rank 0 prints it; the others print only what went wrong."""
     from memprof.reporters import render
@@ -295,7 +294,7 @@ def traced(script: str, script_args: list[str], out: Path, chrome_path: Path | N
 
     def on_fatal(cap: Capture, signum: int) -> None:
         cap.meta.update(status="interrupted", exit_code=128 + signum, error=signal.Signals(signum).name)
-        report(cap, out, chrome_path, None, launch, opts.force)
+        report(cap, chrome_path, None, launch, opts.force)
         if finished is not None:
             finished(cap)
 
@@ -328,7 +327,7 @@ def traced(script: str, script_args: list[str], out: Path, chrome_path: Path | N
         return Traced(None, result, Ending(result.exit_code))
     assert cap is not None
     try:
-        report(cap, out, chrome_path, save_error, launch, opts.force)
+        report(cap, chrome_path, save_error, launch, opts.force)
         if finished is not None:
             finished(cap)
     finally:

@@ -41,10 +41,10 @@ def _save(cap: Capture, path: Path, rec: Recorder, overwrite: bool) -> None:
                 break
             except FileExistsError:
                 target = free_name(path)
-                if not target.exists():
-                    say(f"memprof: warning: {path} appeared while the capture ran (memprof did not write it) and is "
-                        f"not replaced: the capture is saved to {target} instead (memprof trace --force, or "
-                        "capture(overwrite=True), replaces it)")
+        if target != path:
+            say(f"memprof: warning: {path} appeared while the capture ran (memprof did not write it) and is not "
+                f"replaced: the capture is saved to {target} instead (memprof trace --force, or "
+                "capture(overwrite=True), replaces it)")
     except OSError as exc:
         if rec.spill is not None and rec.spill.failed:  # (a full disk) a partial spill is no copy: nothing stays
             rec.remove_spill()
@@ -99,6 +99,7 @@ def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
             rec.stop(dying=True)
             cap.note_outcome("interrupted", 128 + signum, signal.Signals(signum).name)
             save()
+            rec.remove_spill()
             if on_fatal is not None:
                 on_fatal(cap, signum)
 

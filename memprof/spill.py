@@ -27,6 +27,7 @@ import fcntl
 import io
 import json
 import os
+import platform
 import struct
 import threading
 from collections.abc import Callable
@@ -114,8 +115,6 @@ def claim(path: Path, replace: bool = False) -> int:
     first metadata record (who writes it) under a name of its own, then linked into place, so a
     spill that can be seen is always locked by its writer and names it (two runs starting at once
     cannot both think the other's was left behind)."""
-    import platform
-
     who = json.dumps({"pid": os.getpid(), "hostname": platform.node()}).encode()
     head = MAGIC + _HEAD.pack(b"M", len(who)) + who
     tmp = path.with_name(f".{path.name}.{os.getpid()}.new")

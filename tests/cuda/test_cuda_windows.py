@@ -101,6 +101,8 @@ def test_windows_and_rings_keep_the_full_captures_categories_on_cuda(tmp_path: P
         res = run_memprof("trace", "gpt.py", "-o", f"{name}.memprof", *extra, cwd=tmp_path, timeout=900)
         assert res.returncode == 0, res.stderr[-3000:]
     full, full2 = memprof.load(tmp_path / "full.memprof"), memprof.load(tmp_path / "full2.memprof")
+    # (pinned host memory and non_blocking copies: a real capture holds nothing inconsistent)
+    assert full.exact and full.problems == [] and full.peak("cuda:0") > 0, full.problems
     for name, steps in (("window", [10, 11, 12]), ("ring", [12, 13, 14])):
         part = memprof.load(tmp_path / f"{name}.memprof")
         assert [s.step for s in part.steps("cuda:0") if s.complete] == steps
@@ -115,3 +117,32 @@ def test_windows_and_rings_keep_the_full_captures_categories_on_cuda(tmp_path: P
             print(f"{name} step {step}: full {_categories(full, step)}; differs by {got} (two full runs: {noise})")
             for key, delta in got.items():
                 assert abs(delta) <= abs(noise.get(key, 0)), (name, step, key, delta, noise)
+
+
+PINNED = '''\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+early = torch.randn(1 << 18).pin_memory()  # a pinned block from before the capture, freed in it
+model = torch.nn.Linear(64, 64).cuda()
+opt = torch.optim.AdamW(model.parameters())
+data = TensorDataset(torch.randn(512, 64), torch.randn(512, 64))
+for step, (x, y) in enumerate(DataLoader(data, batch_size=32, pin_memory=True, num_workers=2)):
+    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+    (model(x) - y).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    if step == 2:
+        del early
+'''
+
+
+def test_pinned_memory_and_dataloader_workers_hold_nothing_inconsistent(tmp_path: Path) -> None:
+    """The consistency checks (`Capture.problems`) hold for what real CUDA jobs do: pinned host memory,
+    from before the capture and from a DataLoader's pinning thread, and non_blocking copies."""
+    (tmp_path / "pinned.py").write_text(PINNED)
+    res = run_memprof("trace", "pinned.py", cwd=tmp_path, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    cap = memprof.load(tmp_path / "pinned.memprof")
+    assert cap.info.first_in_process and cap.problems == [] and cap.exact, cap.problems
+    assert cap.peak("cuda:0") > 0 and len(cap.steps("cuda:0")) == 16

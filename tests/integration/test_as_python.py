@@ -137,6 +137,7 @@ def test_sigterm_acts_as_under_python_and_the_capture_is_saved(tmp_path: Path) -
     assert plain.returncode == traced.returncode == -signal.SIGTERM
     assert plain.stdout == traced.stdout == ""
     assert "terminated (SIGTERM); saving the capture" in traced.stderr and "capture saved" in traced.stderr
+    assert not (tmp_path / "s.memprof.spill").exists()  # saved: the spill has done its job
     cap = memprof.load(tmp_path / "s.memprof")
     assert cap.meta["status"] == "interrupted" and cap.meta["error"] == "SIGTERM" and cap.exact
     assert cap.peak("cpu") == 4_000_000

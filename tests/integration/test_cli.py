@@ -76,8 +76,11 @@ def test_sys_exit_code_is_passed_through(script: Path, tmp_path: Path) -> None:
 
 
 def test_ctrl_c_saves_the_capture(script: Path, tmp_path: Path) -> None:
+    # (SIGINT at its default: a test run in the background, as a CI job may be, inherits it ignored, and
+    # memprof leaves an ignored SIGINT ignored as python does)
     proc = subprocess.Popen([sys.executable, "-m", "memprof", "trace", script.name, "--sleep"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     deadline = time.time() + 120
     while time.time() < deadline and "SLEEPING" not in proc.stdout.readline():
