@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 ready() {
   .venv/bin/python - <<'PY' 2>/dev/null
 import importlib.metadata, pathlib, sys
-import click, hypothesis, mypy, pytest, ruff  # noqa: F401  (the test tools)
+import click, hypothesis, mypy, pytest, ruff, xdist  # noqa: F401  (the test tools)
 importlib.metadata.version("memprof")
 so = sorted(pathlib.Path("memprof").glob("_C*.so"))
 sources = [*pathlib.Path("csrc").iterdir(), pathlib.Path("setup.py"), pathlib.Path("pyproject.toml")]
