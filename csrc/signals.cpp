@@ -78,19 +78,27 @@ void watch(int fd) {
   }
 }
 
-void in_forked_child() {
-  // the watcher thread is not in the child, and the pipe is the parent's: a signal to the child acts
-  // as its default again
+void set_default(int signum) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(signum, &dfl, nullptr);
+}
+
+// Each signal taken goes back to its default action, where memprof's handler is still the one set (a
+// script that set its own since keeps it).
+void release_taken() {
   for (int s = 1; s < kMaxSignal; ++s) {
     if (!g_taken[s].exchange(false)) continue;
     struct sigaction current {};
-    if (sigaction(s, nullptr, &current) == 0 && current.sa_handler == &on_signal) {
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      sigemptyset(&dfl.sa_mask);
-      sigaction(s, &dfl, nullptr);
-    }
+    if (sigaction(s, nullptr, &current) == 0 && current.sa_handler == &on_signal) set_default(s);
   }
+}
+
+void in_forked_child() {
+  // the watcher thread is not in the child, and the pipe is the parent's: a signal to the child acts
+  // as its default again
+  release_taken();
   if (g_pipe[0] >= 0) ::close(g_pipe[0]);
   if (g_pipe[1] >= 0) ::close(g_pipe[1]);
   g_pipe[0] = g_pipe[1] = -1;
@@ -146,16 +154,7 @@ void give_back_fatal_signals() {
   g_hold = false;
   g_given_back = true;
   g_cv->notify_all();
-  for (int s = 1; s < kMaxSignal; ++s) {
-    if (!g_taken[s].exchange(false)) continue;
-    struct sigaction current {};
-    if (sigaction(s, nullptr, &current) == 0 && current.sa_handler == &on_signal) {
-      struct sigaction dfl {};
-      dfl.sa_handler = SIG_DFL;
-      sigemptyset(&dfl.sa_mask);
-      sigaction(s, &dfl, nullptr);
-    }
-  }
+  release_taken();
 }
 
 int wait_fatal_signal(int64_t timeout_ms) {
@@ -173,10 +172,7 @@ void set_hold_hook(void (*hook)()) { g_hold_hook = hook; }
 bool hold_wanted() { return g_hold.load(); }
 
 void die_by_signal(int signum) {
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  sigaction(signum, &dfl, nullptr);
+  set_default(signum);
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, signum);

@@ -126,11 +126,13 @@ def conform(meta: dict[str, Any]) -> dict[str, Any]:
     values, a budget of NaN is kept) is left out, and a note says so; memprof never writes a file
     it would refuse to read."""
     out = dict(meta)
-    for key, spec in META.items():
-        if out.get(key) is not None and not spec.ok(out[key]):
-            del out[key]
-            notes = out["notes"] = [n for n in out.get("notes") or [] if isinstance(n, str)]
-            notes.append(f"meta field {key} was not {spec.what}: left out of the file")
+    dropped = [(key, spec.what) for key, spec in META.items() if out.get(key) is not None and not spec.ok(out[key])]
+    for key, _what in dropped:
+        del out[key]
+    if dropped:
+        notes = out.get("notes")
+        out["notes"] = [n for n in notes if isinstance(n, str)] if isinstance(notes, list) else []
+        out["notes"] += [f"meta field {key} was not {what}: left out of the file" for key, what in dropped]
     return out
 
 
