@@ -11,7 +11,10 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def load_example(model: str) -> ModuleType:
-    """`examples/train_<model>.py`, imported (its `build`, `PAPER`, `SMALL`)."""
+    """`examples/train_<model>.py`, imported (its `build`, `PAPER` or `FULL`, `SMALL`; the zoo's also
+    `loss_fn`, `layers`, `DTYPE`, with `examples/` on the path for their shared `_zoo` module)."""
+    if str(ROOT / "examples") not in sys.path:
+        sys.path.insert(0, str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location(f"train_{model}", ROOT / "examples" / f"train_{model}.py")
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)

@@ -3,6 +3,7 @@
     python tools/bench_remat.py --model llama --paper --budgets 0.05:0.30:0.01 --jobs 13
     python tools/bench_remat.py --model bert --paper --budgets 0.01,0.05,0.10 --jobs 3
     python tools/bench_remat.py --model llama --layers 4 --seq 256 --budgets 0.05,0.3   # CPU, small
+    python tools/bench_remat.py --model gpt2 --paper --budgets 0.05,0.10 --jobs 2      # the zoo: gpt2, gqa, vit
 
 One worker process per budget compiles every variant of that budget side by side (stock, the
 pass in each mode; `--ac` adds a worker for `torch.utils.checkpoint` around each layer), and
@@ -36,12 +37,20 @@ from _examples import load_example  # noqa: E402  (tools/)
 from memprof.sweep.runner import visible_gpus  # noqa: E402
 from memprof.sweep.spec import parse_budgets  # noqa: E402
 
+MODELS = ("llama", "bert", "gpt2", "gqa", "vit")
 
-def example_loss(name: str, model: Any, ids: Any) -> Any:
-    """The step's loss: Llama's `last_hidden_state.sum()` (the paper's); for BERT a fixed random
-    projection, since a plain sum is ~0 after LayerNorm."""
+
+def example_loss(name: str, model: Any, ids: Any, ex: Any = None) -> Any:
+    """The step's loss: the zoo's own (`loss_fn`: next-token or class cross entropy, under the
+    example's precision, bf16 autocast by default); Llama's `last_hidden_state.sum()` (the
+    paper's); for BERT a fixed random projection, since a plain sum is ~0 after LayerNorm."""
     import torch
 
+    if ex is not None and hasattr(ex, "loss_fn"):
+        from _zoo import precision
+
+        with precision(str(ids[0].device if isinstance(ids, tuple) else ids.device), ex.DTYPE):
+            return ex.loss_fn(model, ids)
     out = model(input_ids=ids).last_hidden_state
     if name == "llama":
         return out.sum()
@@ -70,7 +79,7 @@ class Worker:
         self.args = args
         self.device = args.device
         ex = load_example(args.model)
-        size = ex.PAPER if args.paper else ex.SMALL
+        size = getattr(ex, "FULL", None) or ex.PAPER if args.paper else ex.SMALL
         over = {k: v for k, v in (("layers", args.layers), ("seq", args.seq), ("batch", args.batch)) if v}
         self.size = type(size)(**{**size.__dict__, **over})
         self.ex = ex
@@ -83,13 +92,16 @@ class Worker:
         model, ids = self.ex.build(self.size, self.device)
         self.ids = ids
         if ac:
-            layers = model.layers if hasattr(model, "layers") else model.encoder.layer
+            if hasattr(self.ex, "layers"):
+                layers = self.ex.layers(model)
+            else:
+                layers = model.layers if hasattr(model, "layers") else model.encoder.layer
             for layer in layers:
                 layer.forward = functools.partial(checkpoint, layer.forward, use_reentrant=False)
         return model
 
     def loss(self, model: Any) -> Any:
-        return example_loss(self.args.model, model, self.ids)
+        return example_loss(self.args.model, model, self.ids, self.ex)
 
     def sync(self) -> None:
         if self.device.startswith("cuda"):
@@ -341,7 +353,7 @@ def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", choices=["llama", "bert"], default="llama")
+    parser.add_argument("--model", choices=MODELS, default="llama")
     parser.add_argument("--paper", action="store_true", help="the paper's 32-layer configuration")
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--seq", type=int, default=None)
