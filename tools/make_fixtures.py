@@ -2,6 +2,7 @@
 
     python tools/make_fixtures.py            # on the CPU: tiny_compiled.memprof
     python tools/make_fixtures.py --cuda     # on a GPU machine: tiny_compiled_cuda.memprof
+    python tools/make_fixtures.py --zoo      # on the CPU: gpt2_bf16_cpu.memprof
 
 A two-layer MLP compiled with Inductor, three AdamW steps, so that each file has every member
 (events, strings, threads, plans, wrapper sources; on CUDA also the allocator tracker's reserved
@@ -9,11 +10,17 @@ bytes). Tests read them instead of compiling a model (tests/unit/test_fixtures.p
 of the loader mutates the CPU one. The CUDA one records, in its metadata, what PyTorch itself
 reported (`expected`: max_memory_allocated and, at each step's end, memory_allocated and
 memory_reserved), so CPU-only CI checks the capture against PyTorch's own counters.
+
+`--zoo` traces the zoo's small GPT-2 (`examples/train_gpt2.py`: bf16 autocast, fused AdamW, model
+and loss compiled as two graphs) with `memprof trace`, as a user would, for the tests of the
+sweep's step peak and memprof's estimate (tests/unit/test_zoo_estimate.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 from pathlib import Path
 
 import torch
@@ -49,8 +56,16 @@ def tiny_compiled(device: str) -> memprof.Capture:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cuda", action="store_true", help="the CUDA fixture (needs a GPU)")
+    p.add_argument("--zoo", action="store_true", help="the bf16 GPT-2 fixture (CPU)")
     ns = p.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
+    if ns.zoo:
+        out = OUT / "gpt2_bf16_cpu.memprof"
+        script = OUT.parents[1] / "examples" / "train_gpt2.py"
+        subprocess.run([sys.executable, "-m", "memprof", "trace", "-o", str(out), "--force", "--", str(script),
+                        "--steps", "5", "--device", "cpu"], check=True)
+        print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+        raise SystemExit(0)
     name = "tiny_compiled_cuda.memprof" if ns.cuda else "tiny_compiled.memprof"
     path = tiny_compiled("cuda:0" if ns.cuda else "cpu").save(OUT / name)
     print(f"wrote {path} ({path.stat().st_size:,} bytes)")

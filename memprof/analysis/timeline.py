@@ -232,6 +232,21 @@ def window_peak(timeline: Timeline, start_row: int, end_row: int) -> tuple[int, 
     return level, p0
 
 
+def window_rise(timeline: Timeline, start_row: int, end_row: int) -> tuple[int, int]:
+    """The most live bytes over the events in rows [start_row, end_row) above the lowest level
+    reached before them in the window (its starting level included), and the timeline position of
+    that high point (-1 or the position just before the window: no rise). A step that first frees
+    what the last one left (`zero_grad(set_to_none=True)`: its gradients) is measured above what is
+    resident while it runs, not above its start; with nothing freed first, this is `window_peak`
+    less the starting level."""
+    p0 = timeline.pos_before_row(start_row)
+    p1 = timeline.pos_before_row(end_row)
+    levels = np.concatenate(([timeline.allocated_at_pos(p0)], timeline.allocated[p0 + 1 : p1 + 1]))
+    rises = levels - np.minimum.accumulate(levels)
+    at = int(np.argmax(rises))
+    return int(rises[at]), p0 + at
+
+
 @dataclass(frozen=True)
 class StepStat:
     """One training step: the events between two step markers."""

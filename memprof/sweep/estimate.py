@@ -208,39 +208,80 @@ class StepEstimate:
         return self.walk.at_peak
 
 
-def _backward_inputs(plan: Plan, fw: GraphWalk, block: int) -> dict[str, tuple[int, int]]:
-    """The backward's owned inputs: the saved activations (the forward's storages, shared ones once)
-    and its tangents (allocated contiguous by AOTAutograd)."""
+def _backward_inputs(plan: Plan, fw: GraphWalk, block: int, activations: Mapping[str, int]
+                     ) -> dict[str, tuple[int, int]]:
+    """The backward's owned inputs: the saved activations (the forward's storages, shared ones once;
+    and saved graph inputs that are activations of an earlier graph, `activations`) and its
+    tangents (allocated contiguous by AOTAutograd)."""
     saved_ids = fw.outputs[plan.num_fwd_outputs:]
     inputs: dict[str, tuple[int, int]] = {}
     for name, sid in zip(plan.saved, saved_ids, strict=False):
         if sid is not None:
             inputs[name] = (-sid, fw.sizes[sid])
-    tangent_id = -(10 ** 9)
+    other_id = -(10 ** 9)
+    for name in plan.saved:
+        if name in activations and name not in inputs:
+            inputs[name] = (other_id, round_up(activations[name], block))
+            other_id -= 1
     for node in plan.backward.nodes:
         if node.op == "placeholder" and node.name.startswith("tangents") and node.bytes:
-            inputs[node.name] = (tangent_id, round_up(int(node.bytes), block))
-            tangent_id -= 1
+            inputs[node.name] = (other_id, round_up(int(node.bytes), block))
+            other_id -= 1
     return inputs
 
 
 def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1,
-                  explain: bool = False, scratch: tuple[Mapping[str, int], Mapping[str, int]] | None = None
-                  ) -> StepEstimate:
+                  explain: bool = False, scratch: tuple[Mapping[str, int], Mapping[str, int]] | None = None,
+                  activations: Mapping[str, int] | None = None) -> StepEstimate:
     """The step peak of one forward/backward pair from its wrapper code and plan. `scratch`: the
-    forward's and the backward's fallback kernels' scratch bytes by FX node name."""
+    forward's and the backward's fallback kernels' scratch bytes by FX node name. `activations`:
+    the pair's inputs that an earlier graph of the step computed (placeholder name -> bytes; see
+    `activation_inputs`): not resident, live while the forward runs, and held into the backward
+    when saved (the rest are parameters and user inputs, resident)."""
     fw_scratch, bw_scratch = scratch or ({}, {})
+    acts = dict(activations or {})
     fw = walk_wrapper(fw_source, plan.forward, None, block, explain, fw_scratch)
+    fw_peak = fw.peak + sum(round_up(b, block) for b in acts.values())
     # the user's outputs (fw.outputs[:num_fwd_outputs]) are gone before the backward starts (the
     # loss consumed them); the saved activations stay
     kept = {s for s in fw.outputs[plan.num_fwd_outputs:] if s is not None}
-    held = sum(fw.sizes[s] for s in kept)
+    held = sum(fw.sizes[s] for s in kept) + sum(round_up(b, block) for n, b in acts.items() if n in plan.saved)
     if bw_source is None:
-        return StepEstimate(fw.peak, fw.peak, 0, held, fw.unknown, "forward", fw)
-    bw = walk_wrapper(bw_source, plan.backward, _backward_inputs(plan, fw, block), block, explain, bw_scratch)
-    if bw.peak >= fw.peak:
-        return StepEstimate(bw.peak, fw.peak, bw.peak, held, fw.unknown + bw.unknown, "backward", bw)
-    return StepEstimate(fw.peak, fw.peak, bw.peak, held, fw.unknown + bw.unknown, "forward", fw)
+        return StepEstimate(fw_peak, fw_peak, 0, held, fw.unknown, "forward", fw)
+    bw = walk_wrapper(bw_source, plan.backward, _backward_inputs(plan, fw, block, acts), block, explain, bw_scratch)
+    if bw.peak >= fw_peak:
+        return StepEstimate(bw.peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "backward", bw)
+    return StepEstimate(fw_peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "forward", fw)
+
+
+_FLOATS = ("torch.float32", "torch.bfloat16", "torch.float16", "torch.float64", "float32", "bfloat16", "float16")
+
+
+def _value_key(node: FxNode) -> tuple[tuple[int, ...], str] | None:
+    if node.shape is None or node.dtype is None or node.dtype not in _FLOATS or not node.bytes:
+        return None
+    return tuple(node.shape), node.dtype
+
+
+def user_outputs(plan: Plan) -> set[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of the floating values a pair's forward returns to its caller (not only saves)."""
+    saved = set(plan.saved)
+    keys = {_value_key(n) for n in plan.forward.nodes
+            if n.op != "placeholder" and "output" in n.users and n.name not in saved}
+    return {k for k in keys if k is not None}
+
+
+def activation_inputs(plan: Plan, earlier: Mapping[tuple[tuple[int, ...], str], int]) -> dict[str, tuple[int, int]]:
+    """The pair's floating inputs that match (shape and dtype) a value an earlier pair's forward
+    returned (`earlier`: key -> that pair's index), placeholder name -> (bytes, that pair): the
+    hidden state or logits one graph hands to the next across a graph break (a model and its loss
+    compiled apart). Parameters never carry a batch's shape, so they do not match."""
+    out: dict[str, tuple[int, int]] = {}
+    for n in plan.forward.nodes:
+        key = _value_key(n) if n.op == "placeholder" else None
+        if key is not None and key in earlier:
+            out[n.name] = (int(n.bytes or 0), earlier[key])
+    return out
 
 
 @dataclass(frozen=True)
@@ -271,6 +312,11 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     missed: dict[tuple[str, str], None] = {}
     if any(n.size_expr for plan in plans for n in (*plan.forward.nodes, *plan.backward.nodes)):
         return None
+    # pairs run in the order they compiled; a pair that takes what an earlier one returned runs after
+    # it in the same step (a graph break: the model, then its loss), with the earlier pairs' saved
+    # activations live through its forward and backward
+    earlier: dict[tuple[tuple[int, ...], str], int] = {}
+    held_after: list[int] = []
     for i, plan in enumerate(plans):
         fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
         bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
@@ -279,12 +325,21 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         scratch = (probe_graph_calls(plan.forward.nodes), probe_graph_calls(plan.backward.nodes)) if probe else None
         if probe:
             missed.update(dict.fromkeys(unprobed([*plan.forward.nodes, *plan.backward.nodes])))
+        linked = activation_inputs(plan, earlier)
+        before = max((held_after[j] for _b, j in linked.values()), default=0)
         est = estimate_step(plan, str(getattr(fw[0], "source", "")), str(getattr(bw[0], "source", "")) if bw else None,
-                            block, explain=True, scratch=scratch)
-        if best is None or est.peak > best.peak:
+                            block, explain=True, scratch=scratch, activations={n: b for n, (b, _j) in linked.items()})
+        held_after.append(before + est.saved)
+        for key in user_outputs(plan):
+            earlier.setdefault(key, i)
+        if best is None or before + est.peak > best.peak:
             graph = bw[0] if est.phase == "backward" else fw[0]
-            best = CaptureEstimate(est.peak, est.phase,
-                                   peak_breakdown(plan, est.walk, est.phase, getattr(graph, "origins", {})))
+            at_peak = peak_breakdown(plan, est.walk, est.phase, getattr(graph, "origins", {}))
+            if est.phase == "forward":  # the inputs an earlier graph computed, live while it runs
+                at_peak["input"] = at_peak.get("input", 0) + est.fw_peak - est.walk.peak
+            if before:
+                at_peak["saved_activation"] = at_peak.get("saved_activation", 0) + before
+            best = CaptureEstimate(before + est.peak, est.phase, at_peak)
     return dataclasses.replace(best, unprobed=tuple(missed)) if best is not None else None
 
 

@@ -1,11 +1,13 @@
 """What one budget's capture says: step peaks, step time, the plan's selection and lifetimes.
 
 Analysis of a loaded `Capture` (numpy; nothing printed; torch only where memprof's estimate
-probes a fallback kernel's scratch, `memprof.sweep.probe`). The step peak follows
-the paper's reference method (docs/sweep.md): the most memory allocated during a step above what was allocated
-when it began, median over the steps after the first (compiling) one. Steps are the capture's
-step markers (optimizer steps or `memprof.step()`); a script with neither is split at each call
-of its first compiled forward graph.
+probes a fallback kernel's scratch, `memprof.sweep.probe`). The step peak follows the paper's
+reference method (docs/sweep.md): the most memory allocated during a step above what was allocated
+when it began, median over the steps after the first (compiling) one; "when it began" is the
+lowest level reached in the step before that high point (`window_rise`), so a loop that frees its
+gradients at `zero_grad(set_to_none=True)` is measured above its resident bytes, as the paper's
+loop (gradients kept) is. Steps are the capture's step markers (optimizer steps or
+`memprof.step()`); a script with neither is split at each call of its first compiled forward graph.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from memprof._events import Kind
-from memprof.analysis.timeline import freed_bytes, window_peak
+from memprof.analysis.timeline import freed_bytes, window_rise
 from memprof.capture import Capture
 from memprof.errors import one_line
 from memprof.plans import CompiledGraph, FxNode, Plan
@@ -126,7 +128,7 @@ class Measured:
 
     device: str
     peak: int | None  # the device's peak over the whole capture (bytes); None when predicted
-    step_peak: int | None  # median over measured steps of (peak in the step - allocated at its start)
+    step_peak: int | None  # median over measured steps of the step's rise above its resident bytes (`window_rise`)
     step_peaks: list[int]
     step_ms: float | None  # median wall time of the measured steps
     steps: int  # steps found (the first, compiling one, is not measured when there are more)
@@ -237,10 +239,9 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     times: list[float] = []
     peak_pos: list[int] = []
     for start, end, t0, t1 in windows:
-        level = tl.allocated_before_row(start)
-        peak, pos = window_peak(tl, start, end)
-        excess.append(peak - level)
-        peak_pos.append(pos if peak > level else max(pos, 0))
+        rise, pos = window_rise(tl, start, end)
+        excess.append(rise)
+        peak_pos.append(max(pos, 0))
         times.append((t1 - t0) / 1e6)
     measured = slice(1, None) if len(windows) >= 2 else slice(None)
     ex, tm, pp = excess[measured], times[measured], peak_pos[measured]
