@@ -36,6 +36,9 @@ class FxNode:
     # the byte count as an expression in the graph's size symbols ("2048*s27") when it is symbolic
     # (dynamic shapes; `bytes` is then None), "" when static
     size_expr: str = ""
+    # bytes of each item of a tuple value (`bytes` is their sum), [] for a single value; plans an
+    # earlier memprof recorded lack it (the estimate then holds a tuple as one storage)
+    items: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

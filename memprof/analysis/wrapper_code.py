@@ -205,6 +205,7 @@ class Line:
     alloc: EmptyStrided | None = None
     bare: bool = False
     dels: tuple[str, ...] = ()  # names a `del` on this line drops
+    item: int = -1  # "copy" of one item of a tuple (`name = target[item]`), else -1
 
 
 def _returned(text: str) -> tuple[str | None, ...]:
@@ -220,7 +221,8 @@ def _classify(no: int, stmt: str, dels: tuple[str, ...]) -> Line:
         return Line(no, "alloc", alloc.name, args=stmt.split("(", 1)[1], alloc=alloc,
                     bare=bool(_BARE_EMPTY.match(stmt)), dels=dels)
     if (m := _ALIAS.match(stmt)) or (m := _COPY.match(stmt)):
-        return Line(no, "alias" if m.re is _ALIAS else "copy", m.group(1), m.group(2), dels=dels)
+        item = int(m.group(3)[1:-1]) if m.re is _COPY and m.group(3) else -1
+        return Line(no, "alias" if m.re is _ALIAS else "copy", m.group(1), m.group(2), dels=dels, item=item)
     if m := _TRITON.match(stmt):
         return Line(no, "triton", op=m.group(1), args=m.group(2), dels=dels)
     if m := _CPP.match(stmt):

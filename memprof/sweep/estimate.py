@@ -77,6 +77,12 @@ class _Walk:
         self.events: list[tuple[int, bool]] = []
         self.peak_at = 0
         self.peak_extra: tuple[str, str, int] | None = None  # (maker, description, bytes) of a scratch at the peak
+        # a fallback op's tuple output: storage id -> each item's bytes, carved into a storage of
+        # its own when the wrapper takes it out (`bufK = bufN[i]`); (tuple, item) -> that storage;
+        # item storage -> (its tuple, the event that carved it)
+        self.items: dict[int, list[int]] = {}
+        self.carved: dict[tuple[int, int], int] = {}
+        self.carved_from: dict[int, tuple[int, int]] = {}
         for name, (sid, _size) in inputs.items():
             self.made.setdefault(sid, (f"input {name}", f"input {name}"))
         self.live = 0
@@ -133,13 +139,38 @@ class _Walk:
         if size is None:
             size = 0
             self.unknown.append(f"{ln.name} = {ln.op}")
-        self.new(ln.name, size, ln.op)
+        items = [round_up(b, self.block) for b in fx.items] if fx is not None and len(fx.items) > 1 else []
+        self.new(ln.name, sum(items) if items else size, ln.op)
+        if items:
+            self.items[self.names[ln.name]] = items
         extra = round_up(self.scratch.get(fx.name, 0), self.block) if self.scratch and fx is not None else 0
         if self.live + extra > self.peak:
             self.peak = self.live + extra
             if self.explain and fx is not None:
                 self.peak_at = len(self.events)
                 self.peak_extra = (f"scratch {fx.name}", f"scratch of {ln.op} ({fx.name})", extra)
+
+    def carve(self, name: str, tuple_id: int, item: int) -> None:
+        """`name = tuple[item]`: the item becomes a storage of its own (the bytes move out of the
+        tuple's; nothing is allocated), so each item is freed at its own last `del`."""
+        sizes = self.items[tuple_id]
+        if (tuple_id, item) in self.carved:
+            self.bind(name, self.carved[(tuple_id, item)])
+            return
+        if not 0 <= item < len(sizes) or tuple_id not in self.owned:
+            self.bind(name, tuple_id)
+            return
+        sid = self.next_id
+        self.next_id += 1
+        self.sizes[sid] = sizes[item]
+        self.sizes[tuple_id] -= sizes[item]
+        self.owned.add(sid)
+        self.carved[(tuple_id, item)] = sid
+        if self.explain:
+            self.made[sid] = (name, f"{name} (item {item} of {self.made.get(tuple_id, ('?', '?'))[1]})")
+            self.events.append((sid, True))
+            self.carved_from[sid] = (tuple_id, len(self.events))
+        self.bind(name, sid)
 
     def line(self, ln: Line) -> None:
         k = ln.kind
@@ -152,6 +183,8 @@ class _Walk:
         elif k == "alloc" and ln.alloc is not None:  # empty_strided_<device> or torch.empty_strided
             a = ln.alloc
             self.new(a.name, static_bytes(a.shape, a.stride, a.dtype) or 0, "empty_strided")
+        elif k == "copy" and ln.item >= 0 and self.names.get(ln.target) in self.items:
+            self.carve(ln.name, self.names[ln.target], ln.item)
         elif k in ("alias", "copy"):
             if ln.target in self.names:
                 self.bind(ln.name, self.names[ln.target])
@@ -171,7 +204,11 @@ class _Walk:
                 at_peak.add(sid)
             else:
                 at_peak.discard(sid)
-        rows = [(*self.made.get(s, ("?", "?")), self.sizes[s]) for s in at_peak]
+        size = dict(self.sizes)
+        for sid, (tuple_id, at) in self.carved_from.items():
+            if at > self.peak_at:  # carved after the peak: its bytes were still the tuple's there
+                size[tuple_id] += size[sid]
+        rows = [(*self.made.get(s, ("?", "?")), size[s]) for s in at_peak]
         if self.peak_extra is not None:
             rows.append(self.peak_extra)
         rows.sort(key=lambda r: -r[2])
@@ -181,13 +218,19 @@ class _Walk:
 
 
 def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[int, int]] | None = None,
-                 block: int = 1, explain: bool = False, scratch: Mapping[str, int] | None = None) -> GraphWalk:
+                 block: int = 1, explain: bool = False, scratch: Mapping[str, int] | None = None,
+                 held: frozenset[str] = frozenset()) -> GraphWalk:
     """Walk one wrapper's `call`. `inputs`: for inputs the graph owns (freed at their `del`), name ->
     (storage id, bytes); others are resident and cost nothing. Storage ids of inputs must be < 0.
     `explain`: also say what is live at the peak (each storage by the line that made it).
     `scratch`: FX node name -> bytes a fallback kernel allocates above its outputs while it runs
-    (`memprof.sweep.probe`); its call peaks that much above the live bytes with its outputs."""
+    (`memprof.sweep.probe`); its call peaks that much above the live bytes with its outputs.
+    `held`: inputs counted live to the end whatever the wrapper deletes (someone else holds them)."""
     walk = _Walk(graph, inputs or {}, block, explain, scratch)
+    for name in held:
+        if name in walk.inputs:
+            sid = walk.inputs[name][0]
+            walk.refs[sid] = walk.refs.get(sid, 0) + 1
     for ln in lex(source):
         walk.line(ln)
     return walk.result()
@@ -248,7 +291,13 @@ def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int 
     held = sum(fw.sizes[s] for s in kept) + sum(round_up(b, block) for n, b in acts.items() if n in plan.saved)
     if bw_source is None:
         return StepEstimate(fw_peak, fw_peak, 0, held, fw.unknown, "forward", fw)
-    bw = walk_wrapper(bw_source, plan.backward, _backward_inputs(plan, fw, block, acts), block, explain, bw_scratch)
+    # the tangents stay live through the whole backward: autograd calls CompiledFunction.backward
+    # with them as its arguments, and that tuple outlives the list AOTAutograd steals and the
+    # wrapper's `del` (on the zoo's GQA decoder, the zeros autograd makes for the unused logits'
+    # gradient, 262 MB, was live at the measured peak)
+    tangents = frozenset(n.name for n in plan.backward.nodes if n.op == "placeholder" and n.name.startswith("tangents"))
+    bw = walk_wrapper(bw_source, plan.backward, _backward_inputs(plan, fw, block, acts), block, explain, bw_scratch,
+                      held=tangents)
     if bw.peak >= fw_peak:
         return StepEstimate(bw.peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "backward", bw)
     return StepEstimate(fw_peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "forward", fw)

@@ -106,6 +106,21 @@ def numel(val: Any) -> int:
     return 0
 
 
+def item_sizes(val: Any) -> list[int]:
+    """Bytes of each item of a tuple value (0 for a non-tensor or a symbolic size); [] for a single
+    value. A fallback op that returns several tensors (an attention backward's three gradients)
+    hands each to its own user, and each is freed on its own."""
+    import torch
+
+    if not isinstance(val, (list, tuple)):
+        return []
+    out: list[int] = []
+    for v in val:
+        nbytes = v.numel() * v.element_size() if isinstance(v, torch.Tensor) else 0
+        out.append(nbytes if type(nbytes) is int else 0)
+    return out
+
+
 def value_info(val: Any) -> tuple[list[int] | None, str | None, int | None, str]:
     """Shape, dtype and bytes of a node's value (bytes summed over tuple outputs), and its byte
     count as a symbolic expression ("" when static). Symbolic sizes give shape and bytes None and

@@ -27,7 +27,7 @@ from memprof.errors import one_line
 from memprof.graph_store import GraphRecord, GraphStore, PairRecord
 from memprof.plans import CompiledGraph, FxGraph, FxNode, KnownTensor, Plan, RecomputedNode, prune_known
 from memprof.torch_hooks import inductor, partition
-from memprof.torch_hooks.fx import call_spec, is_random_node, node_module_path, value_info
+from memprof.torch_hooks.fx import call_spec, is_random_node, item_sizes, node_module_path, value_info
 from memprof.torch_hooks.patch import Patches
 
 _counter = itertools.count()
@@ -62,6 +62,7 @@ def fx_graph(gm: Any) -> FxGraph:
             module_path=node_module_path(n), source=str(getattr(sources[0], "name", "")) if sources else "",
             random=n.name in random, mask=dtype == "bool" and n.op == "call_function" and _is_mask(n, random),
             call=call_spec(n) if n.op == "call_function" and n.target in fallbacks else "",
+            items=item_sizes(n.meta.get("val")) if n.op == "call_function" else [],
         ))
     return FxGraph(nodes)
 

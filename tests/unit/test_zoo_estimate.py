@@ -4,13 +4,21 @@ fused AdamW and `zero_grad(set_to_none=True)`, whose model and loss compile as t
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 import memprof
 from memprof.analysis.timeline import window_peak, window_rise
-from memprof.sweep.estimate import activation_inputs, estimate_capture_plans, estimate_step, user_outputs
+from memprof.plans import FxGraph, FxNode
+from memprof.sweep.estimate import (
+    activation_inputs,
+    estimate_capture_plans,
+    estimate_step,
+    user_outputs,
+    walk_wrapper,
+)
 from memprof.sweep.measure import _windows, measure
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gpt2_bf16_cpu.memprof"
@@ -42,7 +50,7 @@ def test_the_estimate_follows_the_model_into_its_loss(cap: memprof.Capture) -> N
     """transformers computes the loss apart from the model (two compiled pairs): the loss graph
     takes the logits the model returned and saves them, and the model's saved activations stay live
     through the loss's backward. Chained, memprof's estimate equals the measured step peak to the
-    byte; each pair alone it is 24% low."""
+    byte; each pair alone it is 19% low."""
     model, loss = cap.plans
     earlier = dict.fromkeys(user_outputs(model), 0)
     assert activation_inputs(model, {}) == {}
@@ -55,4 +63,55 @@ def test_the_estimate_follows_the_model_into_its_loss(cap: memprof.Capture) -> N
     for i, plan in enumerate(cap.plans):
         fw, bw = (next(g for g in cap.graphs if g.plan == i and g.role == role) for role in ("forward", "backward"))
         alone.append(estimate_step(plan, fw.source, bw.source).peak)
-    assert max(alone) < 0.8 * est.peak
+    assert max(alone) < 0.85 * est.peak  # 3,153,408 B
+
+
+WRAPPER = '''
+def call(self, args):
+    primals_1, primals_2, tangents_1 = args
+    args.clear()
+    buf0 = empty_strided_cpu((64, 64), (64, 1), torch.float32)
+    extern_kernels.mm(primals_1, tangents_1, out=buf0)
+    del tangents_1
+    # Topologically Sorted Source Nodes: [attn], Original ATen: [aten._scaled_dot_product_flash_attention_for_cpu]
+    buf2 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default(buf0, buf0, buf0)
+    buf3 = buf2[0]
+    buf4 = buf2[1]
+    del buf2
+    buf5 = empty_strided_cpu((64, 64), (64, 1), torch.float32)
+    cpp_fused_add_1(buf3, buf5)
+    del buf3
+    buf6 = empty_strided_cpu((64, 64), (64, 1), torch.float32)
+    cpp_fused_add_2(buf5, buf6)
+    return (buf6, buf4, )
+'''
+
+
+def _attn(items: list[int]) -> FxNode:
+    return FxNode("attn", "call_function", "aten._scaled_dot_product_flash_attention_for_cpu.default", None, None,
+                  sum(items), [], "", "attn", items=items)
+
+
+def test_a_tuples_items_are_freed_each_at_its_own_del() -> None:
+    """A fallback op's outputs are separate tensors: the 16 KB output dies at `del buf3` while the
+    256 B logsumexp lives on (returned). Held as one storage (a plan recorded without item sizes),
+    the whole tuple lived to the end."""
+    fx = FxGraph([_attn([16384, 256])])
+    w = walk_wrapper(WRAPPER, fx, explain=True)
+    # buf0, the tuple's two items, buf5; then buf6 after buf3 (16 KB) is gone
+    assert w.peak == 16384 * 3 + 256 and w.end == 16384 * 3 + 256
+    assert sum(b for _, b in w.at_peak) == w.peak
+    whole = walk_wrapper(WRAPPER, FxGraph([dataclasses.replace(_attn([16384, 256]), items=[])]))
+    assert whole.peak == 16384 * 4 + 256  # the dead output still counted under buf6
+    # on CUDA each item is its own block-rounded allocation
+    assert walk_wrapper(WRAPPER, fx, block=512).peak == 16384 * 3 + 512
+
+
+def test_tangents_are_live_through_the_whole_backward() -> None:
+    """autograd holds the gradients it passes to CompiledFunction.backward for the whole call: a
+    tangent the wrapper deletes early is still live."""
+    fx = FxGraph([_attn([16384, 256])])
+    owned = {"tangents_1": (-1, 4096)}
+    freed = walk_wrapper(WRAPPER, fx, owned)
+    held = walk_wrapper(WRAPPER, fx, owned, held=frozenset({"tangents_1"}))
+    assert held.end == freed.end + 4096 and held.peak == freed.peak + 4096
