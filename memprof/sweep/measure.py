@@ -25,7 +25,7 @@ from memprof.analysis.timeline import freed_bytes, window_rise
 from memprof.capture import Capture
 from memprof.errors import one_line
 from memprof.plans import CompiledGraph, FxNode, Plan
-from memprof.sweep.estimate import CaptureEstimate
+from memprof.sweep.step_estimate import CaptureEstimate
 
 KNAPSACK = "knapsack evaluator"  # the in-tree KnapsackEvaluator's peak, in normalized units (ranking only)
 
@@ -288,7 +288,7 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     pair's forward and backward), as torch computes it and with graph outputs kept live (torch 2.11
     cancels them); and the partitioner's in-tree `KnapsackEvaluator` (normalized units: compare
     its ranking only)."""
-    from memprof.sweep.estimate import estimate_capture_plans
+    from memprof.sweep.step_estimate import estimate_capture_plans
 
     out: dict[str, float | None] = {"memprof": None, "inductor": None, "inductor (outputs kept)": None,
                                     KNAPSACK: None}

@@ -230,8 +230,8 @@ def test_memprof_estimate_with_kernel_probes_on_cuda(budget: float) -> None:
     explanation puts its peak in the backward, as the capture does, and sums to the estimate."""
     import torch._functorch.config as fc
 
-    from memprof.sweep.estimate import estimate_capture_plans
     from memprof.sweep.measure import measure
+    from memprof.sweep.step_estimate import estimate_capture_plans
 
     ex = load_example("llama")
     torch._dynamo.reset()

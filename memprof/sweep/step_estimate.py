@@ -1,0 +1,134 @@
+"""memprof's estimate of a training step: the compiled pairs of a capture (or a prediction) walked
+in the order they run (`memprof.sweep.estimate` walks one pair), and what is live at the peak.
+
+A step often runs several pairs: transformers computes a causal LM's loss apart from the model (a
+graph break), so the model's pair returns the logits and the loss's pair takes them. Pairs run in
+the order they compiled; one whose floating input has the shape and dtype of a value an earlier
+pair returned runs after it in the same step: that input is live while its forward runs and, when
+saved, until its backward ends, and the earlier pairs' saved activations are live through both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from memprof.plans import FxNode, Plan
+from memprof.sweep.estimate import _BLOCK, GraphWalk, estimate_step
+
+_FLOATS = ("torch.float32", "torch.bfloat16", "torch.float16", "torch.float64", "float32", "bfloat16", "float16")
+
+
+def _value_key(node: FxNode) -> tuple[tuple[int, ...], str] | None:
+    if node.shape is None or node.dtype is None or node.dtype not in _FLOATS or not node.bytes:
+        return None
+    return tuple(node.shape), node.dtype
+
+
+def user_outputs(plan: Plan) -> set[tuple[tuple[int, ...], str]]:
+    """(shape, dtype) of the floating values a pair's forward returns to its caller (not only saves)."""
+    saved = set(plan.saved)
+    keys = {_value_key(n) for n in plan.forward.nodes
+            if n.op != "placeholder" and "output" in n.users and n.name not in saved}
+    return {k for k in keys if k is not None}
+
+
+def activation_inputs(plan: Plan, earlier: Mapping[tuple[tuple[int, ...], str], int]) -> dict[str, tuple[int, int]]:
+    """The pair's floating inputs that match (shape and dtype) a value an earlier pair's forward
+    returned (`earlier`: key -> that pair's index), placeholder name -> (bytes, that pair): the
+    hidden state or logits one graph hands to the next across a graph break (a model and its loss
+    compiled apart). Parameters never carry a batch's shape, so they do not match."""
+    out: dict[str, tuple[int, int]] = {}
+    for n in plan.forward.nodes:
+        key = _value_key(n) if n.op == "placeholder" else None
+        if key is not None and key in earlier:
+            out[n.name] = (int(n.bytes or 0), earlier[key])
+    return out
+
+
+@dataclass(frozen=True)
+class CaptureEstimate:
+    """memprof's estimate for a capture's compiled pairs: the largest step estimate, where it is
+    ("forward" or "backward") and what is live there by category (`peak_breakdown`)."""
+
+    peak: int
+    phase: str
+    at_peak: dict[str, int]
+    # fallback calls whose scratch could not be measured, (op, why): the estimate leaves it out
+    unprobed: tuple[tuple[str, str], ...] = ()
+
+
+def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
+                           probe: bool = True) -> CaptureEstimate | None:
+    """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
+    wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
+    a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
+    kernels' scratch memory (`memprof.sweep.probe`; skipped where their device is absent or a capture
+    is running: those calls are named in `unprobed`)."""
+    import dataclasses
+
+    from memprof.sweep.probe import probe_graph_calls, unprobed
+
+    block = _BLOCK if device.startswith("cuda") else 1
+    best: CaptureEstimate | None = None
+    missed: dict[tuple[str, str], None] = {}
+    if any(n.size_expr for plan in plans for n in (*plan.forward.nodes, *plan.backward.nodes)):
+        return None
+    # pairs run in the order they compiled; a pair that takes what an earlier one returned runs after
+    # it in the same step (a graph break: the model, then its loss), with the earlier pairs' saved
+    # activations live through its forward and backward
+    earlier: dict[tuple[tuple[int, ...], str], int] = {}
+    held_after: list[int] = []
+    for i, plan in enumerate(plans):
+        fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
+        bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
+        if not fw:
+            return None
+        scratch = (probe_graph_calls(plan.forward.nodes), probe_graph_calls(plan.backward.nodes)) if probe else None
+        if probe:
+            missed.update(dict.fromkeys(unprobed([*plan.forward.nodes, *plan.backward.nodes])))
+        linked = activation_inputs(plan, earlier)
+        before = max((held_after[j] for _b, j in linked.values()), default=0)
+        est = estimate_step(plan, str(getattr(fw[0], "source", "")), str(getattr(bw[0], "source", "")) if bw else None,
+                            block, explain=True, scratch=scratch, activations={n: b for n, (b, _j) in linked.items()})
+        held_after.append(before + est.saved)
+        for key in user_outputs(plan):
+            earlier.setdefault(key, i)
+        if best is None or before + est.peak > best.peak:
+            graph = bw[0] if est.phase == "backward" else fw[0]
+            at_peak = peak_breakdown(plan, est.walk, est.phase, getattr(graph, "origins", {}))
+            if est.phase == "forward":  # the inputs an earlier graph computed, live while it runs
+                at_peak["input"] = at_peak.get("input", 0) + est.fw_peak - est.walk.peak
+            if before:
+                at_peak["saved_activation"] = at_peak.get("saved_activation", 0) + before
+            best = CaptureEstimate(before + est.peak, est.phase, at_peak)
+    return dataclasses.replace(best, unprobed=tuple(missed)) if best is not None else None
+
+
+def peak_breakdown(plan: Plan, walk: GraphWalk, role: str, origins: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """What is live at a walk's peak (`walk_wrapper(..., explain=True)`), by memprof.analysis.attribution's
+    categories, the step's own allocations only: the forward's saved activations and dropout masks
+    held into the backward, recomputed values (a backward buffer whose primary FX origin is a
+    recomputed forward node), the gradients the backward returns, fallback kernels' scratch
+    (workspace), tangents (input) and temporaries. `origins`: the compiled graph's buffer -> FX
+    nodes map."""
+    recomputed, saved, masks = set(plan.recomputed), set(plan.saved), set(plan.masks)
+    out: dict[str, int] = {}
+    for name, nbytes in walk.peak_makers:
+        if name.startswith("scratch "):
+            cat = "workspace"
+        elif name.startswith("input "):
+            node = name.removeprefix("input ")
+            cat = ("rng_mask" if node in masks else "saved_activation") if node in saved else "input"
+        elif name in walk.returned:
+            cat = "gradient" if role == "backward" else "saved_activation"
+        else:
+            nodes = origins.get(name) or ()
+            primary = nodes[-1] if nodes else ""
+            if role == "backward" and primary in recomputed:
+                cat = "rng_mask" if primary in masks else "recomputed"
+            else:
+                cat = "temporary"
+        out[cat] = out.get(cat, 0) + nbytes
+    return out
+
