@@ -292,13 +292,20 @@ def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int 
     held = sum(fw.sizes[s] for s in kept) + sum(round_up(b, block) for n, b in acts.items() if n in plan.saved)
     if bw_source is None:
         return StepEstimate(fw_peak, fw_peak, 0, held, fw.unknown, "forward", fw)
-    # the tangents stay live through the whole backward: autograd calls CompiledFunction.backward
-    # with them as its arguments, and that tuple outlives the list AOTAutograd steals and the
-    # wrapper's `del` (on the zoo's GQA decoder, the zeros autograd makes for the unused logits'
-    # gradient, 262 MB, was live at the measured peak)
-    tangents = frozenset(n.name for n in plan.backward.nodes if n.op == "placeholder" and n.name.startswith("tangents"))
     bw = walk_wrapper(bw_source, plan.backward, _backward_inputs(plan, fw, block, acts), block, explain, bw_scratch,
-                      held=tangents)
+                      held=held_tangents(plan))
     if bw.peak >= fw_peak:
         return StepEstimate(bw.peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "backward", bw)
     return StepEstimate(fw_peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "forward", fw)
+
+
+def held_tangents(plan: Plan) -> frozenset[str]:
+    """The tangents live through the whole backward, whatever the wrapper deletes. A forward with
+    several differentiable outputs (a model returning its loss and its logits, or its logits and
+    hidden states) gets a gradient for each, autograd materializing zeros for the unused ones, and
+    every one stayed live until the backward returned: the zoo's GQA decoder's 262 MB of zeros for
+    its unused logits, GPT-2's 1236 MB logits gradient (H200, torch 2.11), an MLP's on the CPU
+    (torch 2.13). A forward with one output had its gradient freed at the wrapper's `del` (a
+    TinyLlama on the CPU, torch 2.13): measured behaviour of AOTAutograd's runtime wrapper."""
+    tangents = [n.name for n in plan.backward.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
+    return frozenset(tangents) if len(tangents) > 1 else frozenset()

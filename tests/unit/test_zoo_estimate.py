@@ -12,7 +12,7 @@ import pytest
 import memprof
 from memprof.analysis.timeline import window_peak, window_rise
 from memprof.plans import FxGraph, FxNode
-from memprof.sweep.estimate import estimate_step, walk_wrapper
+from memprof.sweep.estimate import estimate_step, held_tangents, walk_wrapper
 from memprof.sweep.measure import _windows, measure
 from memprof.sweep.step_estimate import activation_inputs, estimate_capture_plans, user_outputs
 
@@ -102,11 +102,29 @@ def test_a_tuples_items_are_freed_each_at_its_own_del() -> None:
     assert walk_wrapper(WRAPPER, fx, block=512).peak == 16384 * 3 + 512
 
 
-def test_tangents_are_live_through_the_whole_backward() -> None:
-    """autograd holds the gradients it passes to CompiledFunction.backward for the whole call: a
-    tangent the wrapper deletes early is still live."""
+def test_tangents_are_live_through_the_whole_backward(cap: memprof.Capture) -> None:
+    """A forward with several differentiable outputs has every output's gradient live until its
+    backward returns, a tangent the wrapper deletes early too (measured: docs/benchmarks.md); a
+    forward with one output has its gradient freed at the `del`. GPT-2's model returns its logits
+    and its hidden states; its loss, one value."""
+    model, loss = cap.plans
+    assert held_tangents(model) == {"tangents_1", "tangents_2"} and held_tangents(loss) == frozenset()
     fx = FxGraph([_attn([16384, 256])])
     owned = {"tangents_1": (-1, 4096)}
     freed = walk_wrapper(WRAPPER, fx, owned)
     held = walk_wrapper(WRAPPER, fx, owned, held=frozenset({"tangents_1"}))
     assert held.end == freed.end + 4096 and held.peak == freed.peak + 4096
+
+
+def test_the_summary_prints_the_sweeps_figures(cap: memprof.Capture) -> None:
+    """`memprof trace` and `report` print the step peak above resident and memprof's estimate, the
+    figures `memprof sweep` prints as 'peak' and 'est' (the remat pass's own figure is its FX-graph
+    estimate of one pair, and says so)."""
+    from memprof.analysis.summary import summarize
+    from memprof.reporters import render
+
+    step = summarize(cap).step
+    assert step is not None and step.device == "cpu" and step.measured == step.estimate == 3_903_016
+    text = render("text", cap)
+    assert "step peak above resident bytes (cpu, median over the steps after the compiling one): 3.9 MB measured; " \
+           "memprof's estimate from the compiled code 3.9 MB (+0.00%)" in text
