@@ -100,6 +100,35 @@ class PlanSummary:
 
 
 @dataclass(frozen=True)
+class StepFigures:
+    """A compiled training step's peak above its resident bytes on the main device, as `memprof
+    sweep` measures it (median over the steps after the compiling one) and as memprof's estimate
+    from the compiled code predicts it: the figures the sweep's table prints as "peak" and "est"."""
+
+    device: str
+    steps: int  # steps found (the first, compiling one, is not measured when there are more)
+    measured: int | None
+    estimate: int | None
+    unprobed: list[list[str]]  # fallback calls whose scratch the estimate could not measure, [op, why]
+
+
+def step_figures(cap: Capture) -> StepFigures | None:
+    """The step figures of a capture with compile plans (None without plans, or if they cannot be
+    computed: a figure the summary cannot vouch for is left out, never guessed)."""
+    if not cap.plans or not cap.devices:
+        return None
+    from memprof.sweep.measure import measure
+
+    try:
+        m = measure(cap, attribution=False)
+    except Exception:
+        return None
+    est = m.estimates.get("memprof")
+    return StepFigures(m.device, m.steps, m.step_peak, int(est) if est is not None else None,
+                       [list(u) for u in m.estimate_unprobed])
+
+
+@dataclass(frozen=True)
 class Summary:
     """What `memprof trace` and `memprof report` print (and `--json` writes, field for field)."""
 
@@ -124,6 +153,7 @@ class Summary:
     devices: list[DeviceSummary]
     ooms: list[OomReport]  # OOM forensics, one per OOM (memprof.analysis.oom)
     notes: list[str]
+    step: StepFigures | None = None
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -179,7 +209,7 @@ def summarize(cap: Capture, top: int = 8) -> Summary:
         dropped_events=cap.dropped, exact=cap.exact, caveats=cap.caveats, steps_run=meta.get("steps"),
         max_events=meta.get("max_events"), unfollowed_events=unfollowed_count(raw),
         cuda_tracker=meta.get("cuda_tracker"), devices=[_device_summary(cap, d, top, t0) for d in cap.devices],
-        ooms=oom_reports(cap, top), notes=list(meta.get("notes", [])),
+        ooms=oom_reports(cap, top), notes=list(meta.get("notes", [])), step=step_figures(cap),
     )
 
 

@@ -82,6 +82,8 @@ class RematReport:
         parts.append(f"{self.usesite_edits} use-site edits")
         before, after = self.estimate_before, self.estimate_after
         if before and after is not None:
-            parts.append(f"estimated peak {fmt_mb(before)} -> {fmt_mb(after)} MB")
+            # the pass decides on the FX graphs, before Inductor fuses them: its figure is this
+            # pair's peak as it judges plans, not the step peak (the summary prints that one)
+            parts.append(f"its FX-graph estimate of this pair's peak {fmt_mb(before)} -> {fmt_mb(after)} MB")
         parts.append(f"{self.seconds:.2f} s")
         return "; ".join([", ".join(parts), *self.notes])

@@ -7,7 +7,7 @@ from typing import Any
 
 from memprof.analysis.oom import format_oom
 from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, summarize
-from memprof.analysis.units import fmt_bytes
+from memprof.analysis.units import fmt_bytes, fmt_mb
 from memprof.capture import Capture
 from memprof.errors import printable
 from memprof.outputs import json_text
@@ -112,6 +112,16 @@ def _tail(s: Summary) -> list[str]:
                      f"{p.recomputed} recomputed nodes, {p.random_ops} random ops, {len(p.masks)} dropout masks")
         if p.remat:
             lines.append(f"  {p.remat}")
+    if s.step is not None and s.step.measured is not None:
+        st = s.step
+        line = (f"step peak above resident bytes ({st.device}, median over the steps after the compiling one): "
+                f"{fmt_mb(st.measured)} MB measured")
+        if st.estimate is not None:
+            off = f" ({(st.estimate - st.measured) / st.measured:+.2%})" if st.measured else ""
+            line += f"; memprof's estimate from the compiled code {fmt_mb(st.estimate)} MB{off}"
+            if st.unprobed:
+                line += f" without the scratch of {len(st.unprobed)} fallback call(s) it could not run here"
+        lines.append(line + " (memprof sweep's 'peak' and 'est')")
     lines.extend(f"WARNING: {w}" for w in s.warnings)
     for o in s.ooms:
         lines.extend(format_oom(o))
