@@ -27,8 +27,9 @@ from memprof.cli.options import ScriptCommand
 @click.option("--timeout", type=click.FloatRange(min=1), default=None,
               help="Seconds one budget may run before it is stopped (recorded as a timeout); a process "
                    "predicting several budgets may run that long per budget.")
-@click.option("--noise-mb", type=click.FloatRange(min=0), default=1.5, show_default=True,
-              help="Peak differences up to this many MB (1e6 B) are noise, not a flag.")
+@click.option("--noise-mb", type=click.FloatRange(min=0), default=None,
+              help="Peak differences up to this many MB (1e6 B) are noise, not a flag [default: 2% of the "
+                   "smallest step peak, at most 1.5 MB].")
 @click.option("--noise-rel", type=click.FloatRange(min=0), default=0.005, show_default=True,
               help="... or up to this fraction of the larger budget's peak, whichever is more.")
 @click.option("--no-plot", is_flag=True, help="Skip the PNG/SVG plot.")
@@ -39,7 +40,7 @@ from memprof.cli.options import ScriptCommand
               help="Run each budget as a torchrun job of N processes (a distributed script); its step peak is "
                    "the highest rank's, and the table shows the spread between ranks.")
 def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str, ...], jobs: int,
-          output: str | None, force: bool, timeout: float | None, noise_mb: float, noise_rel: float,
+          output: str | None, force: bool, timeout: float | None, noise_mb: float | None, noise_rel: float,
           no_plot: bool, predict: bool, nproc: int) -> int:
     """Run SCRIPT once per budget (like `memprof trace SCRIPT --budget B`), then tabulate and plot
     the step peaks, flag every pair where less budget gives more memory, and explain each flag
@@ -87,7 +88,8 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
             bar.advance(task)
 
         result = run_sweep(script, list(script_args), budgets, variants, out, jobs=jobs, timeout=timeout,
-                           progress=done, predict=predict, noise={"abs_bytes": noise_mb * MB, "rel": noise_rel},
+                           progress=done, predict=predict,
+                           noise={"abs_bytes": None if noise_mb is None else noise_mb * MB, "rel": noise_rel},
                            nproc=nproc)
     click.echo(printable(render_table(result)))  # errors and names come from the script's runs
     findings = render_findings(result)

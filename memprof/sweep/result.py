@@ -11,7 +11,16 @@ from typing import Any
 from memprof.analysis.units import MB, fmt_mb
 from memprof.errors import MemprofError
 from memprof.outputs import json_text
-from memprof.sweep.detect import ABS_TOL, REL_TOL, Flag, non_monotone, spearman, worst_per_budget
+from memprof.sweep.detect import (
+    ABS_TOL,
+    REL_TOL,
+    Flag,
+    auto_floor,
+    non_monotone,
+    spearman,
+    tolerance,
+    worst_per_budget,
+)
 from memprof.sweep.measure import KNAPSACK, OP_CLASSES, Measured, PlanFacts
 
 FORMAT = 1
@@ -100,7 +109,8 @@ class Sweep:
     budgets: list[float]
     variants: list[str]
     runs: list[Run]
-    noise: dict[str, float] = field(default_factory=lambda: {"abs_bytes": ABS_TOL, "rel": REL_TOL})
+    # abs_bytes None: `auto_floor` of the sweep's own peaks (`abs_tol`)
+    noise: dict[str, float | None] = field(default_factory=lambda: {"abs_bytes": None, "rel": REL_TOL})
     notes: list[str] = field(default_factory=list)
     mode: str = "measure"  # "measure": step peaks from captures; "predict": memprof's compile-time estimate
     nproc: int = 1  # processes per budget (a torchrun job each when above 1)
@@ -113,9 +123,22 @@ class Sweep:
     def runs_of(self, variant: str) -> list[Run]:
         return sorted((r for r in self.runs if r.variant == variant), key=lambda r: r.budget)
 
+    def abs_tol(self) -> int:
+        """The absolute noise floor in bytes: the user's, or scaled to the sweep's peaks."""
+        given = self.noise.get("abs_bytes")
+        return int(given) if given is not None else auto_floor([self.value(r) for r in self.runs])
+
+    def rel_tol(self) -> float:
+        return float(self.noise.get("rel") or 0.0)
+
     def flags(self, variant: str = "stock") -> list[Flag]:
-        return non_monotone([(r.budget, self.value(r)) for r in self.runs_of(variant)],
-                            int(self.noise["abs_bytes"]), float(self.noise["rel"]))
+        return non_monotone([(r.budget, self.value(r)) for r in self.runs_of(variant)], self.abs_tol(), self.rel_tol())
+
+    def floor_hides(self, variant: str = "stock") -> bool:
+        """Whether the noise floor exceeds every difference between the variant's peaks (nothing
+        could be flagged, whatever the curve)."""
+        peaks = [p for r in self.runs_of(variant) if (p := self.value(r))]
+        return len(peaks) >= 2 and max(peaks) - min(peaks) <= tolerance(min(peaks), self.abs_tol(), self.rel_tol())
 
     def diagnoses(self, variant: str = "stock") -> list[Diagnosis]:
         by_budget = {r.budget: r for r in self.runs_of(variant)}
@@ -145,6 +168,10 @@ class Sweep:
                          "median_error": statistics.median(errs) if errs else None,
                          "max_error": max(errs) if errs else None}
         return out
+
+    def same_estimates(self, variant: str, a: str, b: str) -> bool:
+        """Whether two estimators gave the same figure at every budget of the variant."""
+        return all(run_estimate(r, a) == run_estimate(r, b) for r in self.runs_of(variant))
 
     def never_compiled(self) -> bool:
         done = [r for r in self.runs if r.ok]
@@ -183,7 +210,7 @@ def load_sweep(path: str | Path) -> Sweep:
         raise MemprofError(f"{p} is not a sweep.json ({exc})") from None
     if not isinstance(d, dict) or int(d.get("format", 0)) > FORMAT:
         raise MemprofError(f"{p}: unknown sweep format (this memprof reads format {FORMAT})")
-    noise = dict(d.get("noise", {})) or {"abs_bytes": ABS_TOL, "rel": REL_TOL}
+    noise = dict(d.get("noise", {})) or {"abs_bytes": ABS_TOL, "rel": REL_TOL}  # before the floor was scaled
     return Sweep(command=list(d["command"]), budgets=[float(b) for b in d["budgets"]], variants=list(d["variants"]),
                  runs=[Run.from_json(r) for r in d["runs"]], noise=noise, notes=list(d.get("notes", [])),
                  mode=str(d.get("mode", "measure")), nproc=int(d.get("nproc", 1)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memprof.analysis.units import MB, fmt_mb
+from memprof.analysis.units import MB, fmt_bytes, fmt_mb
 from memprof.sweep.detect import worst_per_budget
 from memprof.sweep.result import Run, Sweep, run_estimate
 
@@ -84,14 +84,20 @@ def render_findings(sweep: Sweep) -> str:
         name = "stock" if v == "stock" else f"--remat {v}"
         if sweep.mode == "predict":
             name += " (predicted)"
-        noise = f"noise: max({sweep.noise['abs_bytes'] / MB:g} MB, {sweep.noise['rel']:.1%})"
+        auto = " (2% of the smallest peak, at most 1.5 MB)" if sweep.noise.get("abs_bytes") is None else ""
+        noise = f"noise: max({fmt_bytes(sweep.abs_tol())}{auto}, {sweep.rel_tol():.1%})"
         if not flags:
             ok = [r for r in sweep.runs_of(v) if sweep.value(r) is not None]
-            if len(ok) >= 2:
+            if len(ok) >= 2 and sweep.floor_hides(v):
+                out.append(f"{name}: the noise floor exceeds every difference between these {len(ok)} budgets' "
+                           f"peaks, so nothing could be flagged ({noise}; lower it with --noise-mb/--noise-rel)")
+            elif len(ok) >= 2:
                 out.append(f"{name}: less budget never gives more memory here ({len(ok)} budgets; {noise})")
         else:
-            out.append(f"{name}: less budget, more memory at {len(flags)} pair(s) of budgets ({noise}):")
-            for d in sweep.diagnoses(v):
+            diagnoses = sweep.diagnoses(v)
+            which = "" if len(diagnoses) == len(flags) else "; for each lower budget, the pair it exceeds most"
+            out.append(f"{name}: less budget, more memory at {len(flags)} pair(s) of budgets ({noise}){which}:")
+            for d in diagnoses:
                 out.append(f"  - {d.lines[0]}")
                 out.extend(f"      {ln}" for ln in d.lines[1:])
         rnd = sweep.random_recompute(v)
@@ -99,9 +105,12 @@ def render_findings(sweep: Sweep) -> str:
             out.append(f"{name}: the backward redraws random ops at budget(s) "
                        f"{', '.join(f'{b:g} ({n})' for b, n in rnd)}: fresh dropout masks, wrong gradients "
                        f"(pytorch#190758; `--remat light` saves the masks instead)")
-        for est, sc in sweep.estimator_scores(v).items():
-            if not sc["budgets"]:
-                continue
+        scores = sweep.estimator_scores(v)
+        for est, sc in scores.items():
+            if not sc["budgets"] or all(sc[k] is None for k in ("spearman", "median_error", "max_error")):
+                continue  # a line of n/a says nothing
+            if est == "inductor (outputs kept)" and sweep.same_estimates(v, "inductor", est):
+                continue  # the same figures as Inductor's line
             rho = "n/a" if sc["spearman"] is None else f"{sc['spearman']:.3f}"
             med = "n/a" if sc["median_error"] is None else f"{sc['median_error']:.1%}"
             top = "n/a" if sc["max_error"] is None else f"{sc['max_error']:.1%}"
