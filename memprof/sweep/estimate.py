@@ -276,12 +276,13 @@ def _backward_inputs(plan: Plan, fw: GraphWalk, block: int, activations: Mapping
 
 def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1,
                   explain: bool = False, scratch: tuple[Mapping[str, int], Mapping[str, int]] | None = None,
-                  activations: Mapping[str, int] | None = None) -> StepEstimate:
+                  activations: Mapping[str, int] | None = None, hold_tangents: bool = False) -> StepEstimate:
     """The step peak of one forward/backward pair from its wrapper code and plan. `scratch`: the
     forward's and the backward's fallback kernels' scratch bytes by FX node name. `activations`:
     the pair's inputs that an earlier graph of the step computed (placeholder name -> bytes; see
     `activation_inputs`): not resident, live while the forward runs, and held into the backward
-    when saved (the rest are parameters and user inputs, resident)."""
+    when saved (the rest are parameters and user inputs, resident). `hold_tangents`: the tangents
+    stay live to the backward's end (`tangents_held`)."""
     fw_scratch, bw_scratch = scratch or ({}, {})
     acts = dict(activations or {})
     fw = walk_wrapper(fw_source, plan.forward, None, block, explain, fw_scratch)
@@ -293,19 +294,32 @@ def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int 
     if bw_source is None:
         return StepEstimate(fw_peak, fw_peak, 0, held, fw.unknown, "forward", fw)
     bw = walk_wrapper(bw_source, plan.backward, _backward_inputs(plan, fw, block, acts), block, explain, bw_scratch,
-                      held=held_tangents(plan))
+                      held=_tangents(plan) if hold_tangents else frozenset())
     if bw.peak >= fw_peak:
         return StepEstimate(bw.peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "backward", bw)
     return StepEstimate(fw_peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "forward", fw)
 
 
-def held_tangents(plan: Plan) -> frozenset[str]:
-    """The tangents live through the whole backward, whatever the wrapper deletes. A forward with
-    several differentiable outputs (a model returning its loss and its logits, or its logits and
-    hidden states) gets a gradient for each, autograd materializing zeros for the unused ones, and
-    every one stayed live until the backward returned: the zoo's GQA decoder's 262 MB of zeros for
-    its unused logits, GPT-2's 1236 MB logits gradient (H200, torch 2.11), an MLP's on the CPU
-    (torch 2.13). A forward with one output had its gradient freed at the wrapper's `del` (a
-    TinyLlama on the CPU, torch 2.13): measured behaviour of AOTAutograd's runtime wrapper."""
-    tangents = [n.name for n in plan.backward.nodes if n.op == "placeholder" and n.name.startswith("tangents")]
-    return frozenset(tangents) if len(tangents) > 1 else frozenset()
+def tangents_held(torch_version: str) -> bool:
+    """Whether AOTAutograd keeps a backward's tangents live until the backward returns (whatever
+    its wrapper deletes). torch 2.11 did (the H200's captures: GPT-2's 1236 MB logits gradient was
+    freed by the autograd engine after the compiled backward, and the GQA decoder's 262 MB of zeros
+    for its unused logits were live at its peak); torch 2.13 passes them as a list it clears
+    ("boxed" backward) and each is freed at the wrapper's `del` (a TinyLlama and the small GPT-2 on
+    the CPU, to the byte). Versions between are taken as 2.13."""
+    parts = torch_version.split("+")[0].split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        return False
+    return (major, minor) < (2, 12)
+
+
+def running_torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _tangents(plan: Plan) -> frozenset[str]:
+    return frozenset(n.name for n in plan.backward.nodes if n.op == "placeholder" and n.name.startswith("tangents"))

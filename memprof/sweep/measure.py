@@ -264,7 +264,8 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
                 notes.append(f"attribution unavailable ({one_line(exc)})")
         stack = cap.scopes.stack_at(int(tl.rows[pos]), cap.info.main_thread)
         phase = _phase(cap, [cap.scope_name(s) for s in stack])
-    found, walk = estimates(cap.plans, cap.graphs, device)
+    version = cap.meta.get("torch_version")
+    found, walk = estimates(cap.plans, cap.graphs, device, version if isinstance(version, str) else None)
     return Measured(
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
@@ -280,14 +281,15 @@ def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
             "estimate_unprobed": [list(u) for u in walk.unprobed] if walk else []}
 
 
-def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str
+def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None
               ) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
     its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a
     pair's forward and backward), as torch computes it and with graph outputs kept live (torch 2.11
     cancels them); and the partitioner's in-tree `KnapsackEvaluator` (normalized units: compare
-    its ranking only)."""
+    its ranking only). `torch_version`: the torch the graphs ran under (a capture's; default the
+    running one)."""
     from memprof.sweep.step_estimate import estimate_capture_plans
 
     out: dict[str, float | None] = {"memprof": None, "inductor": None, "inductor (outputs kept)": None,
@@ -298,7 +300,7 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
         return out, None
     walk: CaptureEstimate | None = None
     try:
-        walk = estimate_capture_plans(plans, graphs, device)
+        walk = estimate_capture_plans(plans, graphs, device, torch_version=torch_version)
     except Exception:  # a wrapper this walk does not understand: no estimate, never a failed sweep
         walk = None
     out["memprof"] = walk.peak if walk else None

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from memprof.plans import FxNode, Plan
-from memprof.sweep.estimate import _BLOCK, GraphWalk, estimate_step
+from memprof.sweep.estimate import _BLOCK, GraphWalk, estimate_step, running_torch_version, tangents_held
 
 _FLOATS = ("torch.float32", "torch.bfloat16", "torch.float16", "torch.float64", "float32", "bfloat16", "float16")
 
@@ -59,17 +59,19 @@ class CaptureEstimate:
 
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
-                           probe: bool = True) -> CaptureEstimate | None:
+                           probe: bool = True, torch_version: str | None = None) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
     wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
     a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
     kernels' scratch memory (`memprof.sweep.probe`; skipped where their device is absent or a capture
-    is running: those calls are named in `unprobed`)."""
+    is running: those calls are named in `unprobed`). `torch_version`: the torch the graphs ran
+    under (the capture's; default the running one), which decides how long tangents live."""
     import dataclasses
 
     from memprof.sweep.probe import probe_graph_calls, unprobed
 
     block = _BLOCK if device.startswith("cuda") else 1
+    hold = tangents_held(torch_version or running_torch_version())
     best: CaptureEstimate | None = None
     missed: dict[tuple[str, str], None] = {}
     if any(n.size_expr for plan in plans for n in (*plan.forward.nodes, *plan.backward.nodes)):
@@ -90,7 +92,8 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         linked = activation_inputs(plan, earlier)
         before = max((held_after[j] for _b, j in linked.values()), default=0)
         est = estimate_step(plan, str(getattr(fw[0], "source", "")), str(getattr(bw[0], "source", "")) if bw else None,
-                            block, explain=True, scratch=scratch, activations={n: b for n, (b, _j) in linked.items()})
+                            block, explain=True, scratch=scratch, activations={n: b for n, (b, _j) in linked.items()},
+                            hold_tangents=hold)
         held_after.append(before + est.saved)
         for key in user_outputs(plan):
             earlier.setdefault(key, i)

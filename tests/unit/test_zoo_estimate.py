@@ -12,7 +12,7 @@ import pytest
 import memprof
 from memprof.analysis.timeline import window_peak, window_rise
 from memprof.plans import FxGraph, FxNode
-from memprof.sweep.estimate import estimate_step, held_tangents, walk_wrapper
+from memprof.sweep.estimate import estimate_step, tangents_held, walk_wrapper
 from memprof.sweep.measure import _windows, measure
 from memprof.sweep.step_estimate import activation_inputs, estimate_capture_plans, user_outputs
 
@@ -45,7 +45,7 @@ def test_the_estimate_follows_the_model_into_its_loss(cap: memprof.Capture) -> N
     """transformers computes the loss apart from the model (two compiled pairs): the loss graph
     takes the logits the model returned and saves them, and the model's saved activations stay live
     through the loss's backward. Chained, memprof's estimate equals the measured step peak to the
-    byte; each pair alone it is 19% low."""
+    byte; each pair alone it is 24% low."""
     model, loss = cap.plans
     earlier = dict.fromkeys(user_outputs(model), 0)
     assert activation_inputs(model, {}) == {}
@@ -58,7 +58,7 @@ def test_the_estimate_follows_the_model_into_its_loss(cap: memprof.Capture) -> N
     for i, plan in enumerate(cap.plans):
         fw, bw = (next(g for g in cap.graphs if g.plan == i and g.role == role) for role in ("forward", "backward"))
         alone.append(estimate_step(plan, fw.source, bw.source).peak)
-    assert max(alone) < 0.85 * est.peak  # 3,153,408 B
+    assert max(alone) < 0.8 * est.peak  # 2,955,776 B
 
 
 WRAPPER = '''
@@ -102,13 +102,11 @@ def test_a_tuples_items_are_freed_each_at_its_own_del() -> None:
     assert walk_wrapper(WRAPPER, fx, block=512).peak == 16384 * 3 + 512
 
 
-def test_tangents_are_live_through_the_whole_backward(cap: memprof.Capture) -> None:
-    """A forward with several differentiable outputs has every output's gradient live until its
-    backward returns, a tangent the wrapper deletes early too (measured: docs/benchmarks.md); a
-    forward with one output has its gradient freed at the `del`. GPT-2's model returns its logits
-    and its hidden states; its loss, one value."""
-    model, loss = cap.plans
-    assert held_tangents(model) == {"tangents_1", "tangents_2"} and held_tangents(loss) == frozenset()
+def test_tangents_are_live_through_the_whole_backward_on_torch_2_11() -> None:
+    """torch 2.11 keeps a backward's tangents live until the backward returns (the H200's captures);
+    torch 2.13 frees each at the wrapper's `del` (this fixture, to the byte). The walk holds them
+    where the capture's torch did."""
+    assert tangents_held("2.11.0+cu130") and not tangents_held("2.13.0+cpu") and not tangents_held("junk")
     fx = FxGraph([_attn([16384, 256])])
     owned = {"tangents_1": (-1, 4096)}
     freed = walk_wrapper(WRAPPER, fx, owned)
