@@ -112,12 +112,14 @@ def _tail(s: Summary) -> list[str]:
                      f"{p.recomputed} recomputed nodes, {p.random_ops} random ops, {len(p.masks)} dropout masks")
         if p.remat:
             lines.append(f"  {p.remat}")
-    if s.step is not None and s.step.measured is not None:
+    measured = s.step.measured if s.step is not None else None
+    if s.step is not None and measured is not None:
         st = s.step
         line = (f"step peak above resident bytes ({st.device}, median over the steps after the compiling one): "
-                f"{fmt_mb(st.measured)} MB measured")
+                f"{fmt_mb(measured)} MB measured")
         if st.estimate is not None:
-            off = f" ({(st.estimate - st.measured) / st.measured:+.2%})" if st.measured else ""
+            diff = st.estimate - measured
+            off = f" ({diff:+,} B, {diff / measured:+.2%})" if measured else ""
             line += f"; memprof's estimate from the compiled code {fmt_mb(st.estimate)} MB{off}"
             if st.unprobed:
                 line += f" without the scratch of {len(st.unprobed)} fallback call(s) it could not run here"

@@ -125,4 +125,4 @@ def test_the_summary_prints_the_sweeps_figures(cap: memprof.Capture) -> None:
     assert step is not None and step.device == "cpu" and step.measured == step.estimate == 3_903_016
     text = render("text", cap)
     assert "step peak above resident bytes (cpu, median over the steps after the compiling one): 3.9 MB measured; " \
-           "memprof's estimate from the compiled code 3.9 MB (+0.00%)" in text
+           "memprof's estimate from the compiled code 3.9 MB (+0 B, +0.00%)" in text
