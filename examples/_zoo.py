@@ -1,7 +1,7 @@
 """The training loop the zoo's scripts share (`train_gpt2.py`, `train_gqa.py`, `train_vit.py`).
 
 Each script describes its model (a size dataclass with `SMALL` and `FULL`, `build`, `loss_fn`,
-`layers`) and calls `main`; this module holds what a plain training script around it does:
+`layers`) and calls `train`; this module holds what a plain training script around it does:
 arguments, bf16 autocast or fp32, `torch.compile`, AdamW (fused where the device has it), the
 loop and its step times. It is imported as a sibling module (`python examples/train_gpt2.py`
 puts `examples/` first on `sys.path`, as it does under `memprof trace`).
@@ -49,16 +49,26 @@ def sized(size: Any, args: argparse.Namespace) -> Any:
     return replace(size, **over)
 
 
-def optimizer(model: torch.nn.Module, device: str, lr: float) -> torch.optim.Optimizer:
-    """AdamW, fused (one kernel per step, no foreach temporaries) on CUDA and CPU; torch has it on both."""
+def optimizer(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
+    """AdamW, fused (one kernel per step, no foreach temporaries); torch has it on CUDA and the CPU."""
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.1, fused=True)
+
+
+def token_batch(vocab: int, batch: int, seq: int, device: str) -> torch.Tensor:
+    """Random token ids (batch, seq): a language model's inputs and, shifted by transformers, its labels."""
+    return torch.randint(0, vocab, (batch, seq), device=device)
+
+
+def causal_lm_loss(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Next-token cross entropy of a transformers causal LM (it shifts the labels)."""
+    return model(input_ids=ids, labels=ids).loss  # type: ignore[no-any-return]
 
 
 def train(args: argparse.Namespace, model: torch.nn.Module, batch: Any,
           loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor]) -> None:
     """The loop: forward and loss under the chosen precision, backward, optimizer step, zero_grad."""
     step_fn: Any = model if args.no_compile else torch.compile(model)
-    opt = optimizer(model, args.device, args.lr)
+    opt = optimizer(model, args.lr)
     for step in range(1, args.steps + 1):
         t = time.perf_counter()
         with precision(args.device, args.dtype):

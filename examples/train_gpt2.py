@@ -12,10 +12,10 @@ The most common recipe (nanoGPT's): Hugging Face's GPT2LMHeadModel with SDPA att
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
-from _zoo import parser, sized, train
+from _zoo import causal_lm_loss, parser, sized, token_batch, train
 
 
 @dataclass(frozen=True)
@@ -44,13 +44,10 @@ def build(size: GPT2Size, device: str, seed: int = 1337) -> tuple[torch.nn.Modul
                         embd_pdrop=size.dropout, attn_pdrop=size.dropout, use_cache=False,
                         bos_token_id=0, eos_token_id=0, loss_type="ForCausalLM", attn_implementation="sdpa")
     model = GPT2LMHeadModel(config).to(device).train()
-    ids = torch.randint(0, size.vocab, (size.batch, size.seq), device=device)
-    return model, ids
+    return model, token_batch(size.vocab, size.batch, size.seq, device)
 
 
-def loss_fn(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy (transformers shifts the labels)."""
-    return model(input_ids=ids, labels=ids).loss
+loss_fn = causal_lm_loss
 
 
 def layers(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -63,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     size = sized(FULL if args.full else SMALL, args)
     if args.dropout is not None:
-        size = GPT2Size(**{**size.__dict__, "dropout": args.dropout})
+        size = replace(size, dropout=args.dropout)
     model, ids = build(size, args.device)
     train(args, model, ids, loss_fn)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from _zoo import parser, sized, train
+from _zoo import causal_lm_loss, parser, sized, token_batch, train
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,10 @@ def build(size: GQASize, device: str, seed: int = 1337) -> tuple[torch.nn.Module
                            sliding_window=None, use_cache=False, bos_token_id=0, eos_token_id=0,
                            loss_type="ForCausalLM", attn_implementation="sdpa")
     model = MistralForCausalLM(config).to(device).train()
-    ids = torch.randint(0, size.vocab, (size.batch, size.seq), device=device)
-    return model, ids
+    return model, token_batch(size.vocab, size.batch, size.seq, device)
 
 
-def loss_fn(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Next-token cross entropy (transformers shifts the labels)."""
-    return model(input_ids=ids, labels=ids).loss
+loss_fn = causal_lm_loss
 
 
 def layers(model: torch.nn.Module) -> list[torch.nn.Module]:

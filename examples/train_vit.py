@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from _zoo import parser, sized, train
@@ -115,8 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     p = parser(__doc__ or "", DTYPE)
     p.add_argument("--impl", choices=["auto", *IMPLS], default="auto", help="where the model comes from")
     args = p.parse_args(argv)
-    size = sized(FULL if args.full else SMALL, args)
-    size = ViTSize(**{**size.__dict__, "impl": args.impl})
+    size = replace(sized(FULL if args.full else SMALL, args), impl=args.impl)
     try:
         model, batch = build(size, args.device)
     except MissingPackage as exc:

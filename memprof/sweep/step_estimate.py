@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from memprof.plans import FxNode, Plan
 from memprof.sweep.estimate import _BLOCK, GraphWalk, estimate_step, running_torch_version, tangents_held
 
-_FLOATS = ("torch.float32", "torch.bfloat16", "torch.float16", "torch.float64", "float32", "bfloat16", "float16")
+_FLOATS = ("float32", "bfloat16", "float16", "float64")  # as FxNode.dtype records them (`value_info`)
 
 
 def _value_key(node: FxNode) -> tuple[tuple[int, ...], str] | None:
