@@ -110,6 +110,7 @@ class StepFigures:
     measured: int | None
     estimate: int | None
     unprobed: list[list[str]]  # fallback calls whose scratch the estimate could not measure, [op, why]
+    phase: str = ""  # where the measured peak is: "forward", "backward", "" (outside compiled graphs)
 
 
 def step_figures(cap: Capture) -> StepFigures | None:
@@ -125,7 +126,7 @@ def step_figures(cap: Capture) -> StepFigures | None:
         return None
     est = m.estimates.get("memprof")
     return StepFigures(m.device, m.steps, m.step_peak, int(est) if est is not None else None,
-                       [list(u) for u in m.estimate_unprobed])
+                       [list(u) for u in m.estimate_unprobed], m.peak_phase)
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,8 @@ def _tail(s: Summary) -> list[str]:
             line += f"; memprof's estimate from the compiled code {fmt_mb(st.estimate)} MB{off}"
             if st.unprobed:
                 line += f" without the scratch of {len(st.unprobed)} fallback call(s) it could not run here"
+            if not st.phase:  # e.g. a foreach optimizer's temporaries: the estimate walks compiled graphs only
+                line += "; the measured peak is outside the compiled graphs, which is all the estimate covers"
         lines.append(line + " (memprof sweep's 'peak' and 'est')")
     lines.extend(f"WARNING: {w}" for w in s.warnings)
     for o in s.ooms:

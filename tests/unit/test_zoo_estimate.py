@@ -126,3 +126,17 @@ def test_the_summary_prints_the_sweeps_figures(cap: memprof.Capture) -> None:
     text = render("text", cap)
     assert "step peak above resident bytes (cpu, median over the steps after the compiling one): 3.9 MB measured; " \
            "memprof's estimate from the compiled code 3.9 MB (+0 B, +0.00%)" in text
+
+
+def test_a_step_that_peaks_outside_the_compiled_graphs_says_so() -> None:
+    """The tiny CUDA fixture's step peaks in its foreach AdamW (temporaries beside the gradients),
+    which memprof's estimate of the compiled graphs does not cover: the summary says so rather than
+    printing a 32% miss bare."""
+    from memprof.analysis.summary import summarize
+    from memprof.reporters import render
+
+    tiny = memprof.load(FIXTURE.with_name("tiny_compiled_cuda.memprof"))
+    step = summarize(tiny).step
+    assert step is not None and step.phase == "" and step.measured == 34_816 and step.estimate == 23_552
+    assert "the measured peak is outside the compiled graphs, which is all the estimate covers" \
+        in render("text", tiny)
