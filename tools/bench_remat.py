@@ -49,7 +49,8 @@ def example_loss(name: str, model: Any, ids: Any, ex: Any = None) -> Any:
     if ex is not None and hasattr(ex, "loss_fn"):
         from _zoo import precision
 
-        with precision(str(ids[0].device if isinstance(ids, tuple) else ids.device), ex.DTYPE):
+        dtype = getattr(ex, "dtype_override", None) or ex.DTYPE
+        with precision(str(ids[0].device if isinstance(ids, tuple) else ids.device), dtype):
             return ex.loss_fn(model, ids)
     out = model(input_ids=ids).last_hidden_state
     if name == "llama":
@@ -82,6 +83,7 @@ class Worker:
         size = getattr(ex, "FULL", None) or ex.PAPER if args.paper else ex.SMALL
         over = {k: v for k, v in (("layers", args.layers), ("seq", args.seq), ("batch", args.batch)) if v}
         self.size = type(size)(**{**size.__dict__, **over})
+        ex.dtype_override = args.dtype  # the zoo's precision: bf16 autocast (their default) or fp32
         self.ex = ex
 
     def build(self, ac: bool = False) -> Any:
@@ -192,6 +194,7 @@ class Worker:
 
 
 def worker_main(args: argparse.Namespace) -> None:
+    import torch
     import torch._functorch.config as fc
     import torch._inductor.config as ic
 
@@ -221,6 +224,8 @@ def worker_main(args: argparse.Namespace) -> None:
             row["grad_rel_l2"] = float((g - ref).norm() / ref.norm())
         rows[v["name"]] = row
     print("PEAKS " + json.dumps(list(rows.values())), flush=True)
+    if w.device.startswith("cuda"):  # hold only live tensors while the other workers compile
+        torch.cuda.empty_cache()
     print("READY", flush=True)
     if sys.stdin.readline().strip() == "GO":
         times = w.time(variants, args.rounds, args.steps)
@@ -236,7 +241,7 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
     jobs: list[list[str]] = []
     common = ["--model", args.model, "--device", args.device, "--rounds", str(args.rounds), "--steps", str(args.steps),
               "--modes", args.modes]
-    for k in ("layers", "seq", "batch"):
+    for k in ("layers", "seq", "batch", "dtype"):
         if getattr(args, k):
             common += [f"--{k}", str(getattr(args, k))]
     if args.paper:
@@ -359,6 +364,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=None)
     parser.add_argument("--batch", type=int, default=None)
     parser.add_argument("--budgets", default="0.05,0.10,0.13,0.30")
+    parser.add_argument("--dtype", choices=["bf16", "fp32"], default=None,
+                        help="the zoo's precision (default: the example's own, bf16 autocast)")
     parser.add_argument("--modes", default="light,all", help="comma-separated remat modes to compare with stock")
     parser.add_argument("--ac", action="store_true", help="add per-layer activation checkpointing (compiled)")
     parser.add_argument("--grads", action="store_true", help="compare gradients with a reference")

@@ -245,6 +245,7 @@ class _SaveHook:
         r.stock_estimate = own.stock.peak
         r.saves_estimate = decision.chosen.peak
         r.fw_estimate = decision.chosen.fw_peak
+        r.junction_estimate = decision.chosen.junction
         r.saved_added = [fx_nodes[j].name for j in decision.added]
         r.random_saved = [fx_nodes[j].name for j in decision.random_cut]
         r.random_saved_bytes = sum(joint.nodes[j].nbytes for j in decision.random_cut)

@@ -20,6 +20,7 @@ class RematReport:
     stock_estimate: int | None = None  # stock plan: max(forward, backward) peak
     saves_estimate: int | None = None  # after the saved-set choice
     fw_estimate: int | None = None
+    junction_estimate: int | None = None  # saved + outputs + their gradients (between forward and backward)
     saved_added: list[str] = field(default_factory=list)  # layer-boundary values now saved
     random_saved: list[str] = field(default_factory=list)  # saved so that no random op is recomputed
     random_saved_bytes: int = 0  # what saving them costs (dropout masks and the like)
@@ -47,7 +48,7 @@ class RematReport:
 
     @property
     def estimate_after(self) -> int | None:
-        parts = [p for p in (self.fw_estimate, self.bw_estimate_after) if p is not None]
+        parts = [p for p in (self.fw_estimate, self.junction_estimate, self.bw_estimate_after) if p is not None]
         if self.stock_estimate is not None and self.fw_estimate is None and self.saves_estimate is not None:
             parts.append(self.saves_estimate)
         return max(parts) if parts else None

@@ -21,7 +21,9 @@ the backward holds all of it: the "less budget, more memory" peak.
    unchanged: see the comment in `choose_saves`).
 Adding saved values never adds recomputation, so the step's work is at most the stock plan's.
 Every candidate set is judged by simulating the partitioner's own extraction and ordering
-(`backward_order`) and walking the programs (`graph.walk`).
+(`backward_order`) and walking the programs (`graph.walk`), and by the junction between them
+(`handed_over`): what is live while the code after the forward turns its outputs into their
+gradients, which for a loss compiled apart from the model (transformers') is the step's peak.
 """
 
 from __future__ import annotations
@@ -65,10 +67,11 @@ class Evaluation:
     bw_order: list[int]
     saved_bytes: int
     at_peak: frozenset[int] = frozenset()  # storage roots live at the peak (in every program that reaches it)
+    junction: int = 0  # saved bytes + outputs and their gradients, between the forward and the backward
 
     @property
     def peak(self) -> int:
-        return max(self.fw_peak, self.bw_peak)
+        return max(self.fw_peak, self.bw_peak, self.junction)
 
 
 @dataclass
@@ -142,6 +145,22 @@ def forward_order(joint: Joint, saved: Iterable[int]) -> list[int]:
     return sorted(need)
 
 
+def handed_over(joint: Joint, saved: Iterable[int] = ()) -> int:
+    """Bytes the pair hands to the code after it that are live together with everything it saves:
+    its outputs and, made from them, their gradients (the tangents). Between the forward and the
+    backward, whatever runs next (a loss compiled apart, as transformers' causal-LM loss is) keeps
+    the outputs it needs for its own backward, which makes their gradients from them: the bf16
+    logits and their gradient are both live there, on top of every saved value. Outputs are
+    counted up to the tangents' bytes (only outputs with a gradient have a tangent); those that are
+    also `saved` are counted there."""
+    nodes = joint.nodes
+    tangents = sum(nodes[t].nbytes for t in joint.tangents)
+    skip = set(saved) | joint._inputs
+    outputs = sum(nodes[j].nbytes for j in set(joint.fw_outputs)
+                  if nodes[j].alias < 0 and not nodes[j].resident and j not in skip)
+    return tangents + min(outputs, tangents)
+
+
 def evaluate(joint: Joint, saved: set[int], fuse: bool = True) -> Evaluation:
     execute, reads = backward_needs(joint, saved)
     used = frozenset(r for r in reads if r not in joint.tangents)
@@ -152,11 +171,14 @@ def evaluate(joint: Joint, saved: set[int], fuse: bool = True) -> Evaluation:
     bw_walk = walk(joint.nodes, bw, reads, joint.bw_outputs, fuse=fuse, detail=True)
     recomputed = sorted(j for j in execute if joint.forward[j])
     saved_bytes = sum(joint.nodes[j].nbytes for j in used if not joint.nodes[j].resident)
-    top = max(fw_walk.peak, bw_walk.peak)
+    junction = saved_bytes + handed_over(joint, used)
+    top = max(fw_walk.peak, bw_walk.peak, junction)
     at_peak = [set(w.live_at_peak) for w in (fw_walk, bw_walk) if w.peak == top]
+    if junction == top:  # every saved value is live there
+        at_peak.append({j for j in used if not joint.nodes[j].resident})
     return Evaluation(used, fw_walk.peak, bw_walk.peak, recomputed,
                       sum(joint.nodes[j].cost for j in recomputed), bw, saved_bytes,
-                      frozenset(set.intersection(*at_peak)))
+                      frozenset(set.intersection(*at_peak)), junction)
 
 
 def _random_cut(joint: Joint, saved: set[int]) -> list[int]:
@@ -216,33 +238,35 @@ def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fu
     execute, _ = backward_needs(joint, saved)
     extra = boundary_values(joint, execute)
     if extra:
+        # every boundary saved, then each dropped where that lowers the estimated peak (largest
+        # first); kept if the result beats the set without them. Judged after pruning, not before:
+        # where the junction (`handed_over`) is the peak, all boundaries together raise it while a
+        # few of them lower the backward's peak below it
         trial = evaluate(joint, saved | set(extra), fuse)
         evaluations += 1
-        if (trial.peak, trial.recompute_cost) < (current.peak, current.recompute_cost):
-            saved |= set(extra)
-            current = trial
-            added = list(extra)
-            # drop a boundary only where the estimate says that lowers the peak (largest first). A
-            # boundary whose removal merely leaves the estimate unchanged stays: without it the
-            # backward recomputes a chain of residual adds across layers, which Inductor inlines
-            # into one kernel that holds every layer's projection outputs until it runs, which the
-            # estimate does not model (docs/benchmarks.md, "Figures behind design choices")
-            for j in sorted(extra, key=lambda k: -joint.nodes[k].nbytes):
-                if j not in current.at_peak:
-                    # not live at the peak: dropping it cannot lower it. The backward then computes
-                    # it (and what it needs) at its first use, keeping the order of everything else,
-                    # so no step's live bytes fall except where it was live before (the same choices
-                    # with and without this filter: docs/benchmarks.md, "Figures behind design choices")
-                    continue
-                if time.perf_counter() - t0 > time_limit:
-                    decision.notes.append(f"pruning stopped after {time_limit:.1f} s")
-                    break
-                trial = evaluate(joint, saved - {j}, fuse)
-                evaluations += 1
-                if trial.peak < current.peak:
-                    saved.discard(j)
-                    added.remove(j)
-                    current = trial
+        cand, added = set(saved | set(extra)), list(extra)
+        for j in sorted(extra, key=lambda k: -joint.nodes[k].nbytes):
+            if j not in trial.at_peak:
+                # not live at the peak: dropping it cannot lower it. The backward then computes
+                # it (and what it needs) at its first use, keeping the order of everything else,
+                # so no step's live bytes fall except where it was live before (the same choices
+                # with and without this filter: docs/benchmarks.md, "Figures behind design choices").
+                # A boundary whose removal merely leaves the estimate unchanged stays too: without
+                # it the backward recomputes a chain of residual adds across layers, which Inductor
+                # inlines into one kernel that holds every layer's projection outputs until it
+                # runs, which the estimate does not model (same section)
+                continue
+            if time.perf_counter() - t0 > time_limit:
+                decision.notes.append(f"pruning stopped after {time_limit:.1f} s")
+                break
+            dropped = evaluate(joint, cand - {j}, fuse)
+            evaluations += 1
+            if dropped.peak < trial.peak:
+                cand.discard(j)
+                added.remove(j)
+                trial = dropped
+        if added and (trial.peak, trial.recompute_cost) < (current.peak, current.recompute_cost):
+            saved, current = cand, trial
             decision.added = added
     decision.saved = sorted(saved)
     decision.chosen = current

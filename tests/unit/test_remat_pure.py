@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from memprof.remat.graph import HEAVY, INPUT, POINTWISE, RANDOM, REDUCTION, VIEW, Node, walk
-from memprof.remat.saves import Joint, backward_order, choose_saves, evaluate
+from memprof.remat.saves import (
+    Joint,
+    backward_needs,
+    backward_order,
+    boundary_values,
+    choose_saves,
+    evaluate,
+    handed_over,
+)
 from memprof.remat.usesite import Program, rematerialize
 
 
@@ -39,8 +47,9 @@ def test_walk_keeps_outputs_and_frees_dead_values() -> None:
     assert walk(nodes, [2, 3], start=[0], keep=[2, 3]).peak == 8 + 16 + 32 - 8  # x freed after out
 
 
-def _chain_joint(layers: int, random_layer: int | None = None) -> tuple[Joint, list[int]]:
-    """A residual chain: h_{i+1} = h_i + mm(h_i) per layer, loss = sum(h_L); its backward."""
+def _chain_joint(layers: int, random_layer: int | None = None, out_bytes: int = 4) -> tuple[Joint, list[int]]:
+    """A residual chain: h_{i+1} = h_i + mm(h_i) per layer, loss = sum(h_L); its backward. With
+    `out_bytes`, the output (and its tangent) is that big: logits handed to a loss compiled apart."""
     nodes: list[Node] = [Node("w", INPUT, (), 0, resident=True), Node("x", INPUT, (), 0, resident=True)]
     fw: list[bool] = [True, True]
     h = 1
@@ -63,10 +72,10 @@ def _chain_joint(layers: int, random_layer: int | None = None) -> tuple[Joint, l
         fw.append(True)
         h = len(nodes) - 1
         hs.append(h)
-    nodes.append(Node("loss", REDUCTION, (h,), 4, cost=100.0))
+    nodes.append(Node("loss", REDUCTION, (h,), out_bytes, cost=100.0))
     fw.append(True)
     loss = len(nodes) - 1
-    nodes.append(Node("tangent", INPUT, (), 4))
+    nodes.append(Node("tangent", INPUT, (), out_bytes))
     fw.append(False)
     t = len(nodes) - 1
     g = t
@@ -94,6 +103,25 @@ def test_backward_order_recomputes_before_first_use_and_boundaries_cut_the_chain
     assert decision.chosen.recompute_cost <= decision.stock.recompute_cost
     order = backward_order(joint, set(decision.chosen.bw_order))
     assert order == decision.chosen.bw_order
+
+
+def test_outputs_handed_to_a_loss_compiled_apart_bound_the_saved_set() -> None:
+    # transformers' loss is its own compiled pair: it keeps the model's logits and makes their
+    # gradient from them while every value the model's pair saved is live
+    joint, _ = _chain_joint(8, out_bytes=1000)
+    assert handed_over(joint) == 2000 and handed_over(joint, saved=[joint.fw_outputs[0]]) == 1000
+    execute, _ = backward_needs(joint, {0, 1})
+    boundaries = boundary_values(joint, execute)
+    stock = evaluate(joint, {0, 1})
+    every = evaluate(joint, {0, 1, *boundaries})
+    assert every.junction == every.saved_bytes + 2000 == 2700
+    assert every.peak == every.junction > stock.peak == stock.bw_peak == 2510  # all boundaries: worse
+    decision = choose_saves(joint, [0, 1])
+    names = [joint.nodes[j].name for j in decision.added]
+    assert names == ["h7"] and decision.chosen.peak == decision.chosen.junction == 2100  # one pays
+    # a small output (a loss in the same graph): the junction is no constraint, five boundaries pay
+    small, _ = _chain_joint(8)
+    assert [small.nodes[j].name for j in choose_saves(small, [0, 1]).added] == ["h3", "h4", "h5", "h6", "h7"]
 
 
 def test_random_ops_are_never_recomputed_and_the_mask_is_the_cheapest_cut() -> None:
