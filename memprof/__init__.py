@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from memprof._version import __version__
 from memprof.analysis.attribution import AttributionRow
+from memprof.analysis.diff import CaptureDiff, DiffRow, diff
 from memprof.analysis.timeline import StepStat, Timeline
 from memprof.capture import Capture, LiveAllocation, load
 from memprof.capture_info import CaptureInfo
@@ -20,8 +21,10 @@ from memprof.session import capture, step
 __all__ = [
     "AttributionRow",
     "Capture",
+    "CaptureDiff",
     "CaptureFileError",
     "CaptureInfo",
+    "DiffRow",
     "IncompleteCaptureError",
     "LiveAllocation",
     "MemprofError",
@@ -32,6 +35,7 @@ __all__ = [
     "__version__",
     "active",
     "capture",
+    "diff",
     "load",
     "step",
 ]

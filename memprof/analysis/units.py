@@ -47,3 +47,30 @@ def block_fits(nbytes: int | None, block: int, cpu: bool) -> bool:
         return block == nbytes
     rounded = max(CUDA_BLOCK, round_up(nbytes))
     return rounded <= block <= rounded + CUDA_LARGE_SLACK
+
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from a size as users write it: `64MB`, `22.5GiB`, `8000 MB`, `512` (bytes). Decimal
+    units are powers of 1000 (as `fmt_bytes` prints them), binary ones (KiB, MiB, GiB) of 1024.
+    Raises ValueError naming what was wrong."""
+    s = text.strip().replace("_", "")
+    num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
+    unit = s[len(s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")):].lower()
+    if unit not in _UNITS:
+        raise ValueError(f"{text!r} is not a size: unknown unit {unit!r} (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    try:
+        value = float(num)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (a number and a unit, e.g. 64MB or 22.5GiB)") from None
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{text!r} is not a size: it must be a finite number >= 0")
+    return round(value * _UNITS[unit])
+
+
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 row`, `2 rows`, `1,024 allocations`: a count and its noun in the right number."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

@@ -1,4 +1,4 @@
-"""The `memprof` command line: `trace`, `report`, `export`, `sweep` (one module per command).
+"""The `memprof` command line: `trace`, `report`, `export`, `diff`, `sweep` (one module per command).
 
 Errors from bad input are printed as one line (`memprof: error: ...`) with a non-zero exit code and
 no traceback; set MEMPROF_DEBUG=1 to see the traceback of internal errors. Run as a program
@@ -49,12 +49,13 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from memprof.cli import export, report, sweep, sweep_child, trace
+    from memprof.cli import diff, export, report, sweep, sweep_child, trace
 
     cli.add_command(trace.trace)
     cli.add_command(sweep_child.sweep_child)
     cli.add_command(report.report)
     cli.add_command(export.export)
+    cli.add_command(diff.diff)
     cli.add_command(sweep.sweep)
 
 

@@ -49,6 +49,31 @@ class StepWindow(click.ParamType):  # type: ignore[type-arg]
         return a, b
 
 
+class Limit(click.ParamType):  # type: ignore[type-arg]
+    """A limit on growth: a size (`64MB`, `1.5GiB`: bytes) or a share (`5%`: a float fraction)."""
+
+    name = "SIZE|N%"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | float:
+        from memprof.analysis.units import parse_size
+
+        if isinstance(value, (int, float)):
+            return value
+        text = str(value).strip()
+        if text.endswith("%"):
+            try:
+                pct = float(text[:-1])
+            except ValueError:
+                pct = -1.0
+            if not 0 <= pct < math.inf:
+                self.fail(f"{value!r} is not a percentage >= 0 (e.g. 5%)", param, ctx)
+            return pct / 100
+        try:
+            return parse_size(text)
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
 class ScriptCommand(click.Command):
     """A command of the form `memprof CMD [OPTIONS] SCRIPT [ARGS]...`: its arguments are split by
     `memprof.cli.args` (memprof's options before SCRIPT, its own names after it, the rest the

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from memprof._events import Kind
-from memprof.analysis.timeline import freed_bytes, window_rise
+from memprof.analysis.timeline import Timeline, freed_bytes, window_rise
+from memprof.analysis.units import round_up_array
 from memprof.capture import Capture
 from memprof.errors import one_line
 from memprof.plans import CompiledGraph, FxNode, Plan
@@ -150,6 +151,11 @@ class Measured:
     # the most Python's cyclic garbage collector freed in one measured step (tensors in reference
     # cycles: the peak depends on when collections run)
     gc_freed: int = 0
+    # bytes the CUDA caching allocator handed out above the requests (rounded to its 512-byte
+    # granules) among the step's allocations live at the median step's peak: large blocks it did
+    # not split because the rest would have been under 1 MiB. An estimate of requested bytes never
+    # sees them (0 on the CPU, whose blocks are the requests)
+    block_slack: int = 0
     at_peak_source: str = "capture"  # what at_peak and peak_phase describe: "capture" or "estimate"
     # predicted: compile seconds this budget alone would take, its own partition and compile, and
     # the part its process shared with the other budgets (script, Dynamo, joint graph)
@@ -252,9 +258,12 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     facts = merge_facts([plan_facts(p) for p in cap.plans])
     at_peak: dict[str, int] = {}
     phase = ""
+    slack = 0
     if pp and len(tl.rows):
         # the measured step whose excess is the median: what is live at its peak, and where
-        pos = pp[ex.index(step_peak)] if step_peak in ex else pp[0]
+        k = ex.index(step_peak) if step_peak in ex else 0
+        pos = pp[k]
+        slack = block_slack(cap, tl, windows[measured][k][0], pos)
         if attribution:
             try:
                 from memprof.analysis.attribution import rows_at
@@ -271,8 +280,21 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=found, notes=notes,
-        gc_freed=gc_freed, **estimate_fields(walk),
+        gc_freed=gc_freed, block_slack=slack, **estimate_fields(walk),
     )
+
+
+def block_slack(cap: Capture, tl: Timeline, start_row: int, pos: int) -> int:
+    """Block bytes above the requests (rounded up to the caching allocator's 512-byte granules)
+    of the allocations made from `start_row` on that are live at timeline position `pos`."""
+    if tl.device == "cpu" or pos < 0:
+        return 0
+    live = tl.live_positions(pos)
+    rows = tl.rows[live]
+    raw = cap.raw
+    sel = (rows >= start_row) & (raw["kind"][rows] == Kind.ALLOC) & (raw["aux"][rows] > 0)
+    blocks = tl.delta[live][sel].astype(np.int64)
+    return int(np.clip(blocks - round_up_array(raw["aux"][rows][sel].astype(np.int64)), 0, None).sum())
 
 
 def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from memprof.analysis.units import MB, fmt_bytes, fmt_mb
 from memprof.sweep.detect import worst_per_budget
 from memprof.sweep.result import Run, Sweep, run_estimate
@@ -76,6 +78,24 @@ def render_table(sweep: Sweep) -> str:
     return "\n".join(out)
 
 
+def _slack_lines(sweep: Sweep, variant: str) -> list[str]:
+    """What the caching allocator's unsplit blocks add to the measured peaks (requests the
+    estimate counts), and memprof's error without them."""
+    runs = [r for r in sweep.runs_of(variant) if r.step_peak and r.measured is not None]
+    slack = [r.measured.block_slack for r in runs if r.measured is not None]
+    if not any(slack):
+        return []
+    errs = [abs(float(e) - (r.step_peak - r.measured.block_slack)) / (r.step_peak - r.measured.block_slack)
+            for r in runs if r.measured is not None and r.step_peak and (e := run_estimate(r, "memprof")) is not None
+            and r.step_peak > r.measured.block_slack]
+    line = (f"the caching allocator handed out {fmt_bytes(int(statistics.median(slack)))} (median; up to "
+            f"{fmt_bytes(max(slack))}) more than requested at the measured peaks: large blocks it did not split")
+    if errs:
+        line += (f"; against the requests (peak less those bytes) memprof's median error is "
+                 f"{statistics.median(errs):.1%}, max {max(errs):.1%}")
+    return [line]
+
+
 def render_findings(sweep: Sweep) -> str:
     """Flags with their diagnoses, random-op warnings and notes."""
     out: list[str] = []
@@ -116,5 +136,7 @@ def render_findings(sweep: Sweep) -> str:
             top = "n/a" if sc["max_error"] is None else f"{sc['max_error']:.1%}"
             out.append(f"{name}: {est} estimate vs measured over {sc['budgets']} budgets: Spearman {rho}, "
                        f"median error {med}, max {top}")
+            if est == "memprof":
+                out.extend(f"  {line}" for line in _slack_lines(sweep, v))
     out.extend(f"note: {n}" for n in sweep.notes)
     return "\n".join(out)
