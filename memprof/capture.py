@@ -353,12 +353,15 @@ def load(path: str | os.PathLike[str]) -> Capture:
     """Read a .memprof file written by `Capture.save` or `memprof trace` (`fileformat.read` checks
     every member first: a truncated, corrupt or hostile file is one CaptureFileError line). When
     the file is missing but the spill of a run that was cut short is beside it (or `path` is the
-    spill), the capture is recovered from the spill (`memprof.spill`)."""
-    from memprof import spill
+    spill), the capture is recovered from the spill (`memprof.spill`). A memory snapshot (the pickle
+    `torch.cuda.memory._dump_snapshot` writes) is read as a capture of its trace (`memprof.snapshot`)."""
+    from memprof import snapshot, spill
 
     p = Path(path)
     left = spill.spill_path(p)
-    if p.suffix == ".spill" and p.is_file():
+    if p.is_file() and snapshot.is_pickle(p):  # a memory_viz snapshot (`_dump_snapshot`), read as plain data
+        parts = snapshot.load(p)
+    elif p.suffix == ".spill" and p.is_file():
         parts = spill.read(p)
     elif not p.exists() and left.is_file():
         parts = spill.read(left)

@@ -38,8 +38,9 @@ class Category(enum.IntEnum):
 
 CATEGORIES = tuple(c.name.lower() for c in Category)
 BEFORE_CAPTURE = "(allocated before the capture)"
-CATEGORY_OF_KNOWN = {"parameter": Category.PARAMETER, "gradient": Category.GRADIENT,
-                     "optimizer_state": Category.OPTIMIZER_STATE}
+# known tensors name their category: the modules' and optimizers' (parameter, gradient,
+# optimizer_state), or any category a memory snapshot's entries carry (`memprof.snapshot`)
+CATEGORY_OF_KNOWN = {c.name.lower(): c for c in Category}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ class _Formats(click.Choice):  # type: ignore[type-arg]  # generic only in click
         super().__init__(sorted(reporters("export")))
 
 
-@click.command(short_help="Export a .memprof capture (Chrome/Perfetto trace).")
+@click.command(short_help="Export a .memprof capture (Chrome/Perfetto trace, memory_viz snapshot).")
 @click.argument("capture_file", metavar="CAPTURE")
 @click.option("--format", "fmt", type=_Formats(), default="chrome", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
@@ -23,14 +23,17 @@ class _Formats(click.Choice):  # type: ignore[type-arg]  # generic only in click
 @click.option("--max-counter-points", type=click.IntRange(min=16), default=None,
               help="Down-sample counter tracks to about this many points (the peak is always kept).")
 def export(capture_file: str, fmt: str, output: str | None, force: bool, max_counter_points: int | None) -> None:
-    """Convert CAPTURE; the Chrome trace opens in ui.perfetto.dev or chrome://tracing."""
+    """Convert CAPTURE; the Chrome trace opens in ui.perfetto.dev or chrome://tracing, the snapshot
+    (a pickle) in pytorch.org/memory_viz and torch.cuda._memory_viz."""
     from memprof.capture import load
     from memprof.errors import MemprofError
-    from memprof.outputs import check_outputs, resolve, write_text
+    from memprof.outputs import atomic_write, check_outputs, resolve, write_text
     from memprof.ranks import load_run
     from memprof.reporters import get
 
     reporter = get(fmt, "export")
+    if max_counter_points and fmt != "chrome":
+        raise MemprofError(f"--max-counter-points applies to --format chrome, not {fmt}")
     out = resolve(output) if output else resolve(Path(capture_file).with_suffix(reporter.suffix))
     check_outputs({"-o": out}, [("input capture", resolve(capture_file))], force)
     options = {"max_counter_points": max_counter_points} if max_counter_points else {}
@@ -42,11 +45,14 @@ def export(capture_file: str, fmt: str, output: str | None, force: bool, max_cou
 
         if fmt != "chrome":
             raise MemprofError(f"--format {fmt} exports one capture: name one rank's file (run.rank0.memprof)")
-        text = json.dumps(chrome_trace_ranks(run[0], **options), separators=(",", ":"))
+        data: str | bytes = json.dumps(chrome_trace_ranks(run[0], **options), separators=(",", ":"))
     else:
-        text = reporter.render(load(capture_file), **options)
+        data = reporter.render(load(capture_file), **options)
     try:
-        write_text(out, text)
+        if isinstance(data, bytes):
+            atomic_write(out, lambda fh: fh.write(data))
+        else:
+            write_text(out, data)
     except OSError as exc:
         raise MemprofError(f"{out} could not be written: {exc.strerror or exc}") from None
     click.echo(f"memprof: wrote {output or out}", err=True)

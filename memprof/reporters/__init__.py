@@ -1,7 +1,8 @@
 """Reporters turn a capture into text, JSON or a trace file; registered by name.
 
 Reporters never read files and analysis never prints: each reporter is a pure function
-`render(capture, **options) -> str` plus a name, a kind ("report" for `memprof report`,
+`render(capture, **options) -> str` (bytes for a binary format: the snapshot pickle) plus a
+name, a kind ("report" for `memprof report`,
 "export" for `memprof export --format`) and the file suffix its output takes
 (`memprof.reporters.registry`).
 """
@@ -30,8 +31,12 @@ def get(name: str, kind: str | None = None) -> Reporter:
 
 
 def render(name: str, cap: Capture, **options: Any) -> str:
-    return get(name).render(cap, **options)
+    """A text format's output (binary formats are written by `memprof export`)."""
+    out = get(name).render(cap, **options)
+    if not isinstance(out, str):
+        raise MemprofError(f"{name} is a binary format: write it to a file with memprof export --format {name}")
+    return out
 
 
 def _load_builtin() -> None:
-    from memprof.reporters import chrome, text  # noqa: F401  (registers on import)
+    from memprof.reporters import chrome, snapshot, text  # noqa: F401  (registers on import)

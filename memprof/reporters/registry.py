@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-Render = Callable[..., str]
+Render = Callable[..., str | bytes]  # bytes: a binary format (a pickle)
 
 
 @dataclass(frozen=True)

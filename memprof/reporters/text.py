@@ -7,7 +7,7 @@ from typing import Any
 
 from memprof.analysis.oom import format_oom
 from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, summarize
-from memprof.analysis.units import fmt_bytes, fmt_mb
+from memprof.analysis.units import count, fmt_bytes, fmt_mb
 from memprof.capture import Capture
 from memprof.errors import printable
 from memprof.outputs import json_text
@@ -54,7 +54,7 @@ def _at_peak(d: DeviceSummary, bound: str) -> list[str]:
     if d.categories_at_peak:
         lines.append(f"{d.device} peak {bound}{fmt_bytes(d.peak_bytes)} by category:")
         for c in d.categories_at_peak:
-            lines.append(f"  {fmt_bytes(c.bytes):>10}  {c.share * 100:5.1f}%  {c.key} ({c.count:,} allocations)")
+            lines.append(f"  {fmt_bytes(c.bytes):>10}  {c.share * 100:5.1f}%  {c.key} ({count(c.count, 'allocation')})")
     calls = d.graph_calls
     if calls.total:
         kernel_level = sum(calls.kernel_level.values())
@@ -72,7 +72,7 @@ def _at_peak(d: DeviceSummary, bound: str) -> list[str]:
         lines.append(f"  {fmt_bytes(d.allocated_before_capture_bytes):>10}  allocated before the capture")
     if d.scopes:
         lines.append("  live bytes at the peak by allocating op/kernel:")
-        lines.extend(f"  {fmt_bytes(sc.bytes):>10}  {sc.scope} ({sc.count} allocations)" for sc in d.scopes)
+        lines.extend(f"  {fmt_bytes(sc.bytes):>10}  {sc.scope} ({count(sc.count, 'allocation')})" for sc in d.scopes)
     if d.stack_at_peak:
         lines.append("  running at the peak: " + " > ".join(d.stack_at_peak))
     return lines
@@ -94,7 +94,7 @@ def _steps(d: DeviceSummary) -> list[str]:
                      f"({fmt_bytes(freed.bytes)}{where}): tensors held in reference cycles, freed when a "
                      "collection happens to run, so the peak can move with unrelated Python code; "
                      "gc.disable() during steps and gc.collect() between them makes it repeatable")
-        lines.extend(f"  {fmt_bytes(sc.bytes):>10}  of them allocated in {sc.scope} ({sc.count} allocations)"
+        lines.extend(f"  {fmt_bytes(sc.bytes):>10}  of them allocated in {sc.scope} ({count(sc.count, 'allocation')})"
                      for sc in freed.by_scope[:3])
     if d.inferred_sizes:
         lines.append(f"  note: {d.inferred_sizes} allocation sizes inferred from requested sizes "
