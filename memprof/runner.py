@@ -23,7 +23,7 @@ import sys
 import threading
 import traceback
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -231,21 +231,30 @@ class Traced:
     ending: Ending
 
 
-def report(cap: Capture, chrome_path: Path | None, save_error: str | None, launch: Path, force: bool) -> None:
-    """The summary first, then where each file went (or why it could not be written). Of a
-    distributed run's ranks only rank 0 prints it; the others print only what went wrong."""
+EXPORTS = {"chrome": ("--chrome", "Chrome/Perfetto trace", "open in ui.perfetto.dev"),
+           "html": ("--html", "HTML report", "open it in a browser; it needs no network")}
+
+
+def report(cap: Capture, exports: Mapping[str, Path], save_error: str | None, launch: Path, force: bool) -> None:
+    """The summary first, then where each file went (or why it could not be written): the capture
+    and the `exports` (format -> path: "chrome", "html"). Of a distributed run's ranks only rank 0
+    prints it; the others print only what went wrong."""
+    from memprof.errors import MemprofError
     from memprof.reporters import render
 
     quiet = cap.info.rank not in (None, 0)
     if not quiet:
         say(render("text", cap))
-    if chrome_path is not None:
+    for fmt, path in exports.items():
+        _option, what, hint = EXPORTS[fmt]
         try:
-            written = _write_new(chrome_path, render("chrome", cap), force)
+            written = _write_new(path, render(fmt, cap), force)
             if not quiet:
-                say(f"memprof: Chrome/Perfetto trace written to {shown(written, launch)} (open in ui.perfetto.dev)")
+                say(f"memprof: {what} written to {shown(written, launch)} ({hint})")
         except OSError as exc:
-            say(f"memprof: error: the Chrome trace could not be written to {chrome_path}: {exc.strerror or exc}")
+            say(f"memprof: error: the {what} could not be written to {path}: {exc.strerror or exc}")
+        except MemprofError as exc:
+            say(f"memprof: error: no {what}: {exc}")
     if save_error is None and not quiet and cap.saved_to is not None:
         from memprof.ranks import run_path
 
@@ -271,7 +280,7 @@ def _write_new(path: Path, text: str, force: bool) -> Path:
                 f"replaced: writing {target} instead")
 
 
-def traced(script: str, script_args: list[str], out: Path, chrome_path: Path | None, opts: TraceOptions,
+def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str, Path], opts: TraceOptions,
            launch: Path, exiting: bool = False, finished: Callable[[Capture], None] | None = None) -> Traced:
     """Run the script under capture as `memprof trace` does: saved whatever happens, the summary
     printed. `exiting`: memprof's process ends with the script (`run_script`); `finished(capture)`
@@ -294,7 +303,7 @@ def traced(script: str, script_args: list[str], out: Path, chrome_path: Path | N
 
     def on_fatal(cap: Capture, signum: int) -> None:
         cap.meta.update(status="interrupted", exit_code=128 + signum, error=signal.Signals(signum).name)
-        report(cap, chrome_path, None, launch, opts.force)
+        report(cap, exports, None, launch, opts.force)
         if finished is not None:
             finished(cap)
 
@@ -327,7 +336,7 @@ def traced(script: str, script_args: list[str], out: Path, chrome_path: Path | N
         return Traced(None, result, Ending(result.exit_code))
     assert cap is not None
     try:
-        report(cap, chrome_path, save_error, launch, opts.force)
+        report(cap, exports, save_error, launch, opts.force)
         if finished is not None:
             finished(cap)
     finally:

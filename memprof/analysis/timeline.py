@@ -365,3 +365,21 @@ def freed_bytes(timeline: Timeline, positions: np.ndarray, start_row: int = 0, e
     rows = timeline.rows[positions]
     keep = (rows >= start_row) if end_row is None else (rows >= start_row) & (rows < end_row)
     return int(-timeline.delta[positions[keep]].sum())
+
+
+def downsample(values: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices to keep: all if few, else each bucket's min and max plus both ends."""
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n)
+    buckets = max(1, max_points // 2 - 1)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    keep = [0, n - 1]
+    starts = edges[:-1]
+    ok = edges[1:] > starts
+    keep.extend(starts[ok].tolist())  # bucket starts (shape)
+    order_max = [int(s + np.argmax(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
+    order_min = [int(s + np.argmin(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
+    keep.extend(order_max)
+    keep.extend(order_min)
+    return np.unique(np.asarray(keep, dtype=np.int64))

@@ -83,4 +83,4 @@ def sweep_child(ctx: click.Context, budgets: tuple[float, ...], json_paths: tupl
         write_text(json_path, _measured(cap, budgets[0], remat))
 
     opts = TraceOptions(budgets[0], remat, knapsack_evaluator=True)
-    return traced(script, args, out, None, opts, Path.cwd(), exiting=ctx.obj is True, finished=finished).ending
+    return traced(script, args, out, {}, opts, Path.cwd(), exiting=ctx.obj is True, finished=finished).ending

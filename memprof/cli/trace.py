@@ -21,6 +21,8 @@ from memprof.cli.options import Budget, ScriptCommand, StepWindow
               help="Capture file to write [default: SCRIPT_STEM.memprof].")
 @click.option("--chrome", type=click.Path(dir_okay=False), default=None,
               help="Also write a Chrome/Perfetto trace (JSON) here.")
+@click.option("--html", type=click.Path(dir_okay=False), default=None,
+              help="Also write the HTML report here (one file; opens offline).")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("--max-events", type=click.IntRange(min=1), default=None,
               help="Bound on recorded events (extra events are counted as dropped).")
@@ -37,7 +39,7 @@ from memprof.cli.options import Budget, ScriptCommand, StepWindow
 @click.option("--exit-after", is_flag=True, help="End the script (exit code 0) once the --steps window is recorded.")
 @click.pass_context
 def trace(ctx: click.Context, script: str, script_args: tuple[str, ...], budget: float | None, remat: str,
-          output: str | None, chrome: str | None, force: bool, max_events: int | None, scopes: str,
+          output: str | None, chrome: str | None, html: str | None, force: bool, max_events: int | None, scopes: str,
           no_kernel_scopes: bool, window: tuple[int, int] | None, keep_last: int | None, exit_after: bool) -> object:
     """Run SCRIPT as `python SCRIPT ARGS` would, capturing every allocation; exits as the script does.
 
@@ -69,13 +71,14 @@ def trace(ctx: click.Context, script: str, script_args: tuple[str, ...], budget:
     path = check_script(script)
     # resolved now: the script may chdir (or remove its directory) before the capture is written
     out = resolve(output or f"{path.stem}.memprof")
-    chrome_path = resolve(chrome) if chrome else None
+    exports = {fmt: resolve(p) for fmt, p in (("chrome", chrome), ("html", html)) if p}
     if rank is not None:  # one file per rank (torchrun): run.memprof -> run.rank3.memprof
         out = rank_path(out, rank.rank)
-        chrome_path = rank_path(chrome_path, rank.rank) if chrome_path is not None else None
+        exports = {fmt: rank_path(p, rank.rank) for fmt, p in exports.items()}
     after = {opt: "; memprof took " + opt + " from after the script: a " + opt + " of the script's own goes after --"
-             for opt in ("-o", "--output", "--chrome") if opt in taken}
-    check_outputs({"-o": out, "--chrome": chrome_path}, [("script", path)], force,
-                  hints={"-o": after.get("-o", after.get("--output", "")), "--chrome": after.get("--chrome", "")})
+             for opt in ("-o", "--output", "--chrome", "--html") if opt in taken}
+    check_outputs({"-o": out, "--chrome": exports.get("chrome"), "--html": exports.get("html")}, [("script", path)],
+                  force, hints={"-o": after.get("-o", after.get("--output", "")), "--chrome": after.get("--chrome", ""),
+                                "--html": after.get("--html", "")})
     opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes, force=force, keep=keep, taken=taken)
-    return traced(script, list(script_args), out, chrome_path, opts, launch, exiting=ctx.obj is True).ending
+    return traced(script, list(script_args), out, exports, opts, launch, exiting=ctx.obj is True).ending

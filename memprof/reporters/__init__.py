@@ -39,4 +39,4 @@ def render(name: str, cap: Capture, **options: Any) -> str:
 
 
 def _load_builtin() -> None:
-    from memprof.reporters import chrome, snapshot, text  # noqa: F401  (registers on import)
+    from memprof.reporters import chrome, html, snapshot, text  # noqa: F401  (registers on import)

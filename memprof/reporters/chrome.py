@@ -18,29 +18,12 @@ import numpy as np
 from memprof._events import Kind, device_name
 from memprof.analysis.attribution import CATEGORIES, Category, category_series
 from memprof.analysis.scopes import Slice
+from memprof.analysis.timeline import downsample
 from memprof.analysis.units import fmt_bytes
 from memprof.capture import Capture
 from memprof.reporters.registry import register
 
 DEFAULT_MAX_COUNTER_POINTS = 200_000
-
-
-def downsample(values: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices to keep: all if few, else each bucket's min and max plus both ends."""
-    n = len(values)
-    if n <= max_points:
-        return np.arange(n)
-    buckets = max(1, max_points // 2 - 1)
-    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-    keep = [0, n - 1]
-    starts = edges[:-1]
-    ok = edges[1:] > starts
-    keep.extend(starts[ok].tolist())  # bucket starts (shape)
-    order_max = [int(s + np.argmax(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
-    order_min = [int(s + np.argmin(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
-    keep.extend(order_max)
-    keep.extend(order_min)
-    return np.unique(np.asarray(keep, dtype=np.int64))
 
 
 def _category(name: str) -> str:

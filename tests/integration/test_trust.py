@@ -4,6 +4,7 @@ while saving, permissions, interpreter exit, messages about the user's script.""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import resource
@@ -110,12 +111,18 @@ def test_a_capture_that_dropped_events_has_no_exact_peak() -> None:
 
 
 def _six_steps_cut_after_four() -> memprof.Capture:
-    """Six steps of alloc, free, marker (3 events each) into 13 events: 4 steps whole, step 5 cut."""
-    with memprof.capture(max_events=13, scopes="none") as cap:
-        for _ in range(6):
-            a = torch.empty(100)
-            del a
-            memprof.step()
+    """Six steps of alloc, free, marker (3 events each) into 13 events: 4 steps whole, step 5 cut.
+    (With the cyclic collector off: earlier tests' garbage freed inside would be events too.)"""
+    gc.collect()
+    gc.disable()
+    try:
+        with memprof.capture(max_events=13, scopes="none") as cap:
+            for _ in range(6):
+                a = torch.empty(100)
+                del a
+                memprof.step()
+    finally:
+        gc.enable()
     return cap
 
 

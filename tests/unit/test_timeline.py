@@ -7,8 +7,7 @@ import pytest
 
 from memprof._events import EVENT_DTYPE, FLAG_UNFOLLOWED_THREAD, Kind, device_name, parse_device
 from memprof.analysis.scopes import ScopeIndex, pair
-from memprof.analysis.timeline import build_timeline, step_stats
-from memprof.reporters.chrome import downsample
+from memprof.analysis.timeline import build_timeline, downsample, step_stats
 
 
 def events(*rows: tuple[int, int, int, int] | tuple[int, int, int, int, int]) -> np.ndarray:

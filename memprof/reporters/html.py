@@ -1,0 +1,82 @@
+"""`memprof export --format html`: one self-contained page that opens offline (`memprof.analysis.view`
+says what it draws). Its code is memprof's own (`assets/report.js`, `assets/report.css`, inlined);
+the data is compact JSON in a `<script type="application/json">` element, every `</` escaped.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any
+
+from memprof.analysis.oom import format_oom, oom_reports
+from memprof.analysis.summary import summarize
+from memprof.analysis.view import MAX_ITEMS, MAX_POINTS, device_view, step_bands
+from memprof.capture import Capture
+from memprof.errors import MemprofError, printable
+from memprof.reporters.registry import register
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta http-equiv="Content-Security-Policy"
+ content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:">
+<title>memprof: {title}</title><style>{css}</style></head>
+<body>
+<header><h1>memprof report</h1><div class="cmd" id="cmd"></div></header>
+<main>
+<section><div class="figures" id="figures"></div><div id="caveats"></div></section>
+<section><h2>Timeline by category</h2><div class="tabs" id="tabs"></div>
+<div class="legend" id="legend"></div>
+<div class="hint">x axis: <label><input type="radio" name="xaxis" value="pos" checked> allocation events</label>
+<label><input type="radio" name="xaxis" value="t"> time</label></div>
+<div id="plot"><canvas id="timeline"></canvas><div id="tip"></div></div>
+<div class="hint">Click a point for what is live there; wheel to zoom, drag to pan, double-click to reset.
+<button id="to-peak">back to the peak</button></div></section>
+<section id="live"><h2 id="at-label"></h2><div class="hint" id="live-count"></div><div class="scroll"><table>
+<thead><tr><th data-key="node">FX node</th><th data-key="layer">layer</th><th data-key="kernel">kernel</th>
+<th data-key="category">category</th><th class="num sorted" data-key="bytes">bytes</th>
+<th class="num" data-key="age">age</th></tr></thead><tbody id="live-body"></tbody>
+<tfoot><tr><td colspan="4">total live</td><td class="num" id="live-total"></td><td></td></tr></tfoot>
+</table></div></section>
+<div class="cols">
+<section><h2>Bytes at the peak by layer and category</h2><div class="scroll"><table><thead id="lc-head"></thead>
+<tbody id="lc-body"></tbody></table></div></section>
+<section><h2>Compile plans</h2><div id="plans"></div>{oom}</section>
+</div>
+</main>
+<script type="application/json" id="memprof-data">{data}</script>
+<script>{js}</script>
+</body></html>
+"""
+
+
+def _asset(name: str) -> str:
+    return resources.files("memprof.reporters").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def page_data(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX_ITEMS) -> dict[str, Any]:
+    """The page's data: `memprof report --json`'s summary (every figure the page prints comes from
+    it or from the timeline it was computed from) and each device's view, the main device first."""
+    raw = cap.raw
+    t0 = cap.info.t_start_ns or (int(raw["t_ns"][0]) if len(raw) else 0)
+    devices = sorted(cap.devices, key=lambda d: d != cap.main_device)
+    views = [device_view(cap.timeline(d), cap.labels(d), raw, t0, step_bands(t0, cap.steps(d)), max_points,
+                         max_items) for d in devices]
+    return {"summary": summarize(cap).to_json(), "devices": views,
+            "generator": f"memprof {cap.meta.get('memprof_version', '')}"}
+
+
+@register("html", "export", ".html", "self-contained HTML report (timeline, live table, layers x categories)")
+def render_html(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX_ITEMS) -> str:
+    if not len(cap.raw):
+        raise MemprofError("the capture recorded no events: nothing to draw")
+    data = json.dumps(page_data(cap, max_points, max_items), separators=(",", ":"), allow_nan=False)
+    ooms = ["\n".join(format_oom(r)) for r in oom_reports(cap)]
+    oom = "".join(f'<h2>Out of memory</h2><pre class="caveat">{_escape(printable(text))}</pre>' for text in ooms)
+    return _PAGE.format(title=_escape(str(cap.meta.get("command") or "capture")), css=_asset("report.css"),
+                        js=_asset("report.js"), data=data.replace("</", "<\\/"), oom=oom)
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")

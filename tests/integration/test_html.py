@@ -1,0 +1,115 @@
+"""`memprof export --format html`: one self-contained page, checked in a real browser (headless
+Chromium driven by Selenium): it loads with no console errors, shows the capture's peak to the
+byte, its live table sums to the bytes at the point shown, and a click moves the table."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import memprof
+
+from ..conftest import invoke_memprof, one_line_error
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def _export(capture: Path, out: Path) -> str:
+    res = invoke_memprof("export", str(capture), "--format", "html", "-o", str(out), cwd=out.parent)
+    assert res.returncode == 0, res.stderr
+    return out.read_text(encoding="utf-8")
+
+
+def test_the_page_is_self_contained(tmp_path: Path) -> None:
+    html = _export(FIXTURES / "gpt2_bf16_cpu.memprof", tmp_path / "r.html")
+    # nothing is fetched: no external script, style, image or font, and a policy that forbids it
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html)
+    assert "@import" not in html and "fetch(" not in html and "XMLHttpRequest" not in html
+    assert "default-src 'none'" in html
+    data = html[html.index('id="memprof-data">') + 18:html.index("</script>", html.index('id="memprof-data">'))]
+    assert "</" not in data  # the JSON cannot end its own element
+    assert len(html) < 1_000_000
+
+
+def test_bad_exports_are_one_line(tmp_path: Path) -> None:
+    with memprof.capture() as empty:
+        pass
+    empty.save(tmp_path / "empty.memprof")
+    assert "recorded no events" in one_line_error(invoke_memprof(
+        "export", "empty.memprof", "--format", "html", cwd=tmp_path))
+
+
+def _driver() -> Any:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver_bin = shutil.which("chromedriver")
+    if not chromium or not driver_bin:
+        pytest.skip("no Chromium and chromedriver here (Debian: apt install chromium chromium-driver; "
+                    "tools/setup.sh installs them where it runs as root)")
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--window-size=1400,1000"):
+        opts.add_argument(arg)
+    opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    from selenium.webdriver.chrome.service import Service
+
+    return webdriver.Chrome(service=Service(driver_bin), options=opts)
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("fixture", ["gpt2_bf16_cpu.memprof", "tiny_compiled_cuda.memprof"])
+def test_the_page_in_a_browser(fixture: str, tmp_path: Path) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    cap = memprof.load(FIXTURES / fixture)
+    device = cap.main_device
+    page = tmp_path / "r.html"
+    _export(FIXTURES / fixture, page)
+    driver = _driver()
+    try:
+        t0 = time.perf_counter()
+        driver.get(page.as_uri())
+        for _ in range(100):
+            if driver.execute_script("return document.body.dataset.ready") == "1":
+                break
+            time.sleep(0.05)
+        assert driver.execute_script("return document.body.dataset.ready") == "1", "the page's script did not finish"
+        loaded = time.perf_counter() - t0
+        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert not errors, errors
+        # the peak, to the byte, as the capture has it; the main device first
+        assert int(driver.find_element(By.ID, f"peak-{device}").get_attribute("data-bytes")) == cap.peak(device)
+        label = driver.find_element(By.ID, "at-label")
+        assert label.get_attribute("data-device") == device
+        assert int(label.get_attribute("data-bytes")) == cap.peak(device)
+        total = driver.find_element(By.ID, "live-total")
+        assert int(total.get_attribute("data-bytes")) == cap.peak(device)  # the table's rows sum to it
+        driver.save_screenshot(str(tmp_path / "peak.png"))
+        # a click elsewhere on the timeline: the table follows, exactly
+        canvas = driver.find_element(By.ID, "timeline")
+        width = canvas.size["width"]
+        ActionChains(driver).move_to_element_with_offset(canvas, int(-width * 0.3), 0).click().perform()
+        pos = int(label.get_attribute("data-pos"))
+        tl = cap.timeline(device)
+        assert pos != tl.peak_pos
+        assert int(label.get_attribute("data-bytes")) == tl.allocated_at_pos(pos)
+        assert int(total.get_attribute("data-bytes")) == tl.allocated_at_pos(pos)
+        rows = driver.find_elements(By.CSS_SELECTOR, "#live-body tr")
+        assert rows, "no rows at the clicked point"
+        # sorting by a column header reorders the rows
+        driver.find_element(By.CSS_SELECTOR, "#live thead th[data-key=category]").click()
+        cats = [r.find_elements(By.TAG_NAME, "td")[3].text for r in driver.find_elements(By.CSS_SELECTOR,
+                                                                                       "#live-body tr:not(.rest)")]
+        assert cats == sorted(cats)
+        driver.save_screenshot(str(tmp_path / "clicked.png"))
+        assert (tmp_path / "clicked.png").stat().st_size > 10_000
+        assert loaded < 10  # (first-paint figures are benchmarks: docs/benchmarks.md)
+    finally:
+        driver.quit()
