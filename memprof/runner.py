@@ -33,7 +33,7 @@ from memprof.capture_info import Keep
 from memprof.console import flush_std, say
 from memprof.errors import MemprofError
 from memprof.outcome import ScriptResult, outcome
-from memprof.outputs import existing_file, shown, write_text
+from memprof.outputs import existing_file, shown, write_output
 
 if TYPE_CHECKING:
     from memprof.capture import Capture
@@ -273,7 +273,7 @@ def _write_new(path: Path, text: str, force: bool) -> Path:
     target = path
     while True:
         try:
-            return write_text(target, text, replace=force)
+            return write_output(target, text, replace=force)
         except FileExistsError:
             target = free_name(path)
             say(f"memprof: warning: {path} appeared while the capture ran (memprof did not write it) and is not "

@@ -18,7 +18,8 @@ class _Formats(click.Choice):  # type: ignore[type-arg]  # generic only in click
 @click.argument("capture_file", metavar="CAPTURE")
 @click.option("--format", "fmt", type=_Formats(), default="chrome", show_default=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
-              help="Output file [default: CAPTURE with the format's suffix].")
+              help="Output file [default: CAPTURE with the format's suffix]; a name ending in .gz is gzipped "
+                   "(trace.json.gz: Perfetto opens it as it is).")
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--max-counter-points", type=click.IntRange(min=16), default=None,
               help="Down-sample counter tracks to about this many points (the peak is always kept).")
@@ -27,7 +28,7 @@ def export(capture_file: str, fmt: str, output: str | None, force: bool, max_cou
     (a pickle) in pytorch.org/memory_viz and torch.cuda._memory_viz."""
     from memprof.capture import load
     from memprof.errors import MemprofError
-    from memprof.outputs import atomic_write, check_outputs, resolve, write_text
+    from memprof.outputs import check_outputs, resolve, write_output
     from memprof.ranks import load_run
     from memprof.reporters import get
 
@@ -49,10 +50,7 @@ def export(capture_file: str, fmt: str, output: str | None, force: bool, max_cou
     else:
         data = reporter.render(load(capture_file), **options)
     try:
-        if isinstance(data, bytes):
-            atomic_write(out, lambda fh: fh.write(data))
-        else:
-            write_text(out, data)
+        write_output(out, data)
     except OSError as exc:
         raise MemprofError(f"{out} could not be written: {exc.strerror or exc}") from None
     click.echo(f"memprof: wrote {output or out}", err=True)

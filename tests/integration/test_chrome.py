@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -68,3 +69,18 @@ def test_validator_rules() -> None:
                        {"ph": "i", "pid": 1, "name": "y", "ts": 4, "s": "p"})
     assert any("before the previous" in p for p in validate_chrome_trace(backwards))
     assert validate_chrome_trace([1, 2]) != []
+
+
+def test_a_gz_name_writes_the_trace_gzipped(cap: memprof.Capture, tmp_path: Path) -> None:
+    import gzip
+
+    from ..conftest import invoke_memprof
+
+    cap.save(tmp_path / "c.memprof")
+    for name in ("t.json", "t.json.gz"):
+        res = invoke_memprof("export", "c.memprof", "-o", name, cwd=tmp_path)
+        assert res.returncode == 0, res.stderr
+    plain = (tmp_path / "t.json").read_bytes()
+    packed = (tmp_path / "t.json.gz").read_bytes()
+    assert packed[:2] == b"\x1f\x8b" and gzip.decompress(packed) == plain and len(packed) < len(plain) / 3
+    assert validate_chrome_trace(json.loads(gzip.decompress(packed))) == []
