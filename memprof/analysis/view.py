@@ -84,7 +84,7 @@ def layer_category(tl: Timeline, labels: Labels, pos: int) -> dict[str, dict[str
     live = tl.live_positions(pos) if pos >= 0 else np.zeros(0, np.int64)
     for layer, cat, size in zip(labels.layer[live].tolist(), labels.category[live].tolist(),
                                 tl.delta[live].tolist(), strict=True):
-        row = out.setdefault(labels.names[layer] or "(no layer)", {})
+        row = out.setdefault(labels.names[layer] or "(unknown)", {})  # (as `rows_at` names it)
         row[CATEGORIES[cat]] = row.get(CATEGORIES[cat], 0) + int(size)
     rest = total - int(tl.delta[live].sum())
     if rest:

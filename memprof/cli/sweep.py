@@ -91,17 +91,20 @@ def sweep(script: str, script_args: tuple[str, ...], spec: str, remat: tuple[str
                            progress=done, predict=predict,
                            noise={"abs_bytes": None if noise_mb is None else noise_mb * MB, "rel": noise_rel},
                            nproc=nproc)
-    click.echo(printable(render_table(result)))  # errors and names come from the script's runs
+    table = render_table(result)
+    click.echo(printable(table))  # errors and names come from the script's runs
     findings = render_findings(result)
     if findings:
         click.echo(printable(findings))
     if not no_plot and any(result.value(r) is not None for r in result.runs):
+        from memprof.outputs import write_text
         from memprof.sweep.manifest import record_files
-        from memprof.sweep.plot import plot
+        from memprof.sweep.plot import html_page, plot
 
-        record_files(out, "sweep.png", "sweep.svg")
+        record_files(out, "sweep.png", "sweep.svg", "sweep.html")
         paths = plot(result, out)
-        click.echo(f"memprof: plot {paths[0]} and {paths[1]}", err=True)
+        page = write_text(out / "sweep.html", html_page(result, paths[1].read_text(encoding="utf-8"), table, findings))
+        click.echo(f"memprof: plot {paths[0]} and {paths[1]}; page {page}", err=True)
     click.echo(f"memprof: results in {out / 'sweep.json'}" + ("" if predict else f", captures in {out}/"), err=True)
     failed = [r for r in result.runs if not r.ok]
     if failed and len(failed) == len(result.runs):

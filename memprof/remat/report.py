@@ -82,7 +82,9 @@ class RematReport:
             parts.append(f"{len(self.masks_saved)} attention masks saved (kept broadcast)")
         parts.append(f"{self.usesite_edits} use-site edits")
         before, after = self.estimate_before, self.estimate_after
-        if before and after is not None:
+        if self.status != "applied" and before:  # the stock plan: one figure (two walks could differ)
+            parts.append(f"its FX-graph estimate of this pair's peak {fmt_mb(before)} MB")
+        elif before and after is not None:
             # the pass decides on the FX graphs, before Inductor fuses them: its figure is this
             # pair's peak as it judges plans, not the step peak (the summary prints that one)
             parts.append(f"its FX-graph estimate of this pair's peak {fmt_mb(before)} -> {fmt_mb(after)} MB")

@@ -238,35 +238,33 @@ def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fu
     execute, _ = backward_needs(joint, saved)
     extra = boundary_values(joint, execute)
     if extra:
-        # every boundary saved, then each dropped where that lowers the estimated peak (largest
-        # first); kept if the result beats the set without them. Judged after pruning, not before:
-        # where the junction (`handed_over`) is the peak, all boundaries together raise it while a
-        # few of them lower the backward's peak below it
         trial = evaluate(joint, saved | set(extra), fuse)
         evaluations += 1
-        cand, added = set(saved | set(extra)), list(extra)
-        for j in sorted(extra, key=lambda k: -joint.nodes[k].nbytes):
-            if j not in trial.at_peak:
-                # not live at the peak: dropping it cannot lower it. The backward then computes
-                # it (and what it needs) at its first use, keeping the order of everything else,
-                # so no step's live bytes fall except where it was live before (the same choices
-                # with and without this filter: docs/benchmarks.md, "Figures behind design choices").
-                # A boundary whose removal merely leaves the estimate unchanged stays too: without
-                # it the backward recomputes a chain of residual adds across layers, which Inductor
-                # inlines into one kernel that holds every layer's projection outputs until it
-                # runs, which the estimate does not model (same section)
-                continue
-            if time.perf_counter() - t0 > time_limit:
-                decision.notes.append(f"pruning stopped after {time_limit:.1f} s")
-                break
-            dropped = evaluate(joint, cand - {j}, fuse)
-            evaluations += 1
-            if dropped.peak < trial.peak:
-                cand.discard(j)
-                added.remove(j)
-                trial = dropped
-        if added and (trial.peak, trial.recompute_cost) < (current.peak, current.recompute_cost):
-            saved, current = cand, trial
+        if (trial.peak, trial.recompute_cost) < (current.peak, current.recompute_cost):
+            saved |= set(extra)
+            current = trial
+            added = list(extra)
+            # drop a boundary only where the estimate says that lowers the peak (largest first). A
+            # boundary whose removal merely leaves the estimate unchanged stays: without it the
+            # backward recomputes a chain of residual adds across layers, which Inductor inlines
+            # into one kernel that holds every layer's projection outputs until it runs, which the
+            # estimate does not model (docs/benchmarks.md, "Figures behind design choices")
+            for j in sorted(extra, key=lambda k: -joint.nodes[k].nbytes):
+                if j not in current.at_peak:
+                    # not live at the peak: dropping it cannot lower it. The backward then computes
+                    # it (and what it needs) at its first use, keeping the order of everything else,
+                    # so no step's live bytes fall except where it was live before (the same choices
+                    # with and without this filter: docs/benchmarks.md, "Figures behind design choices")
+                    continue
+                if time.perf_counter() - t0 > time_limit:
+                    decision.notes.append(f"pruning stopped after {time_limit:.1f} s")
+                    break
+                trial = evaluate(joint, saved - {j}, fuse)
+                evaluations += 1
+                if trial.peak < current.peak:
+                    saved.discard(j)
+                    added.remove(j)
+                    current = trial
             decision.added = added
     decision.saved = sorted(saved)
     decision.chosen = current

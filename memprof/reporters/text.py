@@ -48,6 +48,13 @@ def _head(s: Summary) -> list[str]:
     return lines
 
 
+def _age(ms: float) -> str:
+    """An age in the unit that reads: milliseconds under a second, then seconds, then minutes."""
+    if ms < 1000:
+        return f"{ms:.1f} ms"
+    return f"{ms / 1000:.2f} s" if ms < 120_000 else f"{ms / 60_000:.1f} min"
+
+
 def _at_peak(d: DeviceSummary, bound: str) -> list[str]:
     """Categories, graph-call joins, the largest allocations and scopes live at a device's peak."""
     lines: list[str] = []
@@ -67,11 +74,12 @@ def _at_peak(d: DeviceSummary, bound: str) -> list[str]:
     for a in d.largest:
         req = f" (requested {a.requested:,} B)" if a.requested >= 0 and a.requested != a.bytes else ""
         what = f"{a.node} ({a.category})" if a.node else (a.scope or "(no scope)")
-        lines.append(f"  {fmt_bytes(a.bytes):>10}  {what}{req}, allocated {a.age_ms:.1f} ms before the peak")
+        lines.append(f"  {fmt_bytes(a.bytes):>10}  {what}{req}, allocated {_age(a.age_ms)} before the peak")
     if d.allocated_before_capture_bytes:
         lines.append(f"  {fmt_bytes(d.allocated_before_capture_bytes):>10}  allocated before the capture")
     if d.scopes:
-        lines.append("  live bytes at the peak by allocating op/kernel:")
+        lines.append("  live bytes at the peak by the scope open when each was allocated (the innermost op or "
+                     "kernel; --by kernel names compiled-graph buffers by the kernel that wrote them):")
         lines.extend(f"  {fmt_bytes(sc.bytes):>10}  {sc.scope} ({count(sc.count, 'allocation')})" for sc in d.scopes)
     if d.stack_at_peak:
         lines.append("  running at the peak: " + " > ".join(d.stack_at_peak))
@@ -139,8 +147,10 @@ def _tail(s: Summary) -> list[str]:
 def format_summary(s: Summary) -> str:
     lines = _head(s)
     bound = "" if s.exact else "≥ "
-    for d in s.devices:
-        if d.largest or d.steps:
+    for k, d in enumerate(s.devices):  # the device that peaked first; the others (a GPU job's CPU side) shorter
+        if k and d.categories_at_peak:
+            lines += ["", *_at_peak(d, bound)[:1 + len(d.categories_at_peak)]]
+        elif not k and (d.largest or d.steps):
             lines += ["", *_at_peak(d, bound), *_steps(d)]
     return "\n".join(lines + _tail(s))
 
@@ -166,7 +176,7 @@ def render_table(cap: Capture, by: str = "category", at: str = "peak", device: s
     width = min(60, max([len(r.key) for r in rows[:top]] + [len(by)]))  # longer keys are printed whole
     head = f"  {by:<{width}} {'bytes':>12} {'share':>7} {'count':>7}"
     if by != "category":
-        head += "  category"
+        head += "  largest category"
     lines.append(head)
     for r in rows[:top]:
         line = f"  {r.key:<{width}} {fmt_bytes(r.bytes):>12} {r.share * 100:6.1f}% {r.count:>7,}"
@@ -177,9 +187,33 @@ def render_table(cap: Capture, by: str = "category", at: str = "peak", device: s
         rest = rows[top:]
         lines.append(f"  {'(' + str(len(rest)) + ' more)':<{width}} {fmt_bytes(sum(r.bytes for r in rest)):>12} "
                      f"{sum(r.share for r in rest) * 100:6.1f}% {sum(r.count for r in rest):>7,}")
+    if by == "layer":
+        lines.extend(_layer_matrix(cap, at, dev, top))
     for w in rng_warnings(cap):
         lines.append(f"WARNING: {w}")
     return printable("\n".join(lines))
+
+
+def _layer_matrix(cap: Capture, at: str, device: str, top: int) -> list[str]:
+    """The same bytes by layer and category (each row sums to the layer's bytes above)."""
+    from memprof.analysis.attribution import point_of
+    from memprof.analysis.view import layer_category
+
+    tl = cap.timeline(device)
+    matrix = layer_category(tl, cap.labels(device), point_of(tl, at, [(s.step, s.peak_pos) for s in cap.steps(device)]))
+    totals: dict[str, int] = {}
+    for row in matrix.values():
+        for c, b in row.items():
+            totals[c] = totals.get(c, 0) + b
+    cats = sorted(totals, key=lambda c: -totals[c])
+    layers = sorted(matrix, key=lambda k: -sum(matrix[k].values()))[:top]
+    width = min(40, max([len(k) for k in layers] + [5]))
+    cw = max(10, *(len(c) for c in cats)) if cats else 10
+    out = ["by layer and category:", f"  {'layer':<{width}} " + " ".join(f"{c:>{cw}}" for c in cats)]
+    for k in layers:
+        out.append(f"  {k[:width]:<{width}} " + " ".join(f"{fmt_bytes(matrix[k][c]) if matrix[k].get(c) else '':>{cw}}"
+                                                      for c in cats))
+    return out
 
 
 @register("table-json", "report", ".json", "attribution table as JSON")

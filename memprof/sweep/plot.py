@@ -1,4 +1,5 @@
-"""The sweep's plot: step peak and step time against budget (PNG and SVG, matplotlib)."""
+"""The sweep's plot: step peak and step time against budget (PNG and SVG, matplotlib), and
+`sweep.html`: the plot, the table and the findings in one page that opens offline."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
             ax_mem.axvline(r.budget, color="gray", linestyle=":", linewidth=1)
             ax_mem.annotate(r.status, (r.budget, 0), xycoords=("data", "axes fraction"), rotation=90, fontsize=7,
                             va="bottom", ha="right", color="gray")
-    ax_mem.set_ylabel("step peak (MB, above the step's start)" if sweep.mode == "measure"
+    ax_mem.set_ylabel("step peak above resident bytes (MB)\n(not trace's whole-run peak)" if sweep.mode == "measure"
                       else "predicted step peak (MB, memprof's estimate)")
     ax_mem.set_ylim(bottom=0)
     ax_mem.grid(alpha=0.3)
@@ -57,3 +58,21 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
         fig.savefig(p, dpi=120)
     plt.close(fig)
     return paths
+
+
+def html_page(sweep: Sweep, svg: str, table: str, findings: str) -> str:
+    """One self-contained page: the plot (its SVG inline), the table and the findings (flags and
+    their diagnoses), all as `memprof sweep` printed them."""
+    from html import escape
+
+    svg = svg[svg.find("<svg"):] if "<svg" in svg else ""
+    title = escape(" ".join(sweep.command))
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>memprof sweep: {title}</title>"
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+            "img-src data:\"><style>body{font:13px system-ui,sans-serif;margin:16px 24px;color:#1d2330}"
+            "pre{font:12px ui-monospace,Menlo,monospace;background:#f6f7f9;border:1px solid #d9dde5;padding:10px;"
+            "overflow:auto}svg{max-width:100%;height:auto}</style></head><body>"
+            f"<h1 style=\"font-size:16px\">memprof sweep</h1><div><code>{title}</code></div>{svg}"
+            f"<h2 style=\"font-size:14px\">Table</h2><pre>{escape(table)}</pre>"
+            f"<h2 style=\"font-size:14px\">Findings</h2><pre>{escape(findings) or '(none)'}</pre></body></html>\n")
+

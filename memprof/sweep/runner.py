@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from memprof.analysis.units import count
 from memprof.errors import MemprofError, one_line
 from memprof.spill import spill_path
 from memprof.sweep.manifest import record_files
@@ -290,7 +291,8 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
     env.update(process_threads(os.cpu_count() or 1, min(jobs, len(groups)) * nproc, bool(gpus),
                                {**os.environ, **env}))
     if share:
-        sweep.notes.append(f"{len(budgets) * len(variants)} budgets predicted in {len(groups)} processes: the budgets "
+        procs = count(len(groups), "process", "processes")
+        sweep.notes.append(f"{len(budgets) * len(variants)} budgets predicted in {procs}: the budgets "
                            "of a process share the script's start, Dynamo's trace and the joint graph")
     at_once = min(jobs, len(groups)) * nproc
     if not predict and at_once > 1:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -205,6 +206,9 @@ def test_sweep_end_to_end(small_sweep: tuple[Path, subprocess.CompletedProcess[s
     for ext in ("png", "svg"):
         assert (out / f"sweep.{ext}").stat().st_size > 10_000
     assert (out / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    page = (out / "sweep.html").read_text()  # the plot, the table and the findings, offline
+    assert "<svg" in page and "less budget, more memory" in page and "| 0.02" in page
+    assert not re.search(r"""(src|href)=["']https?:""", page) and "<script" not in page
     assert "4/4" in res.stderr
 
 
