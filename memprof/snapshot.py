@@ -19,6 +19,7 @@ import numpy as np
 
 from memprof._events import EVENT_DTYPE, Kind, parse_device
 from memprof.analysis.labels import CATEGORIES
+from memprof.capture_info import MAX_BLOCK_BYTES, MAX_TIME_NS
 from memprof.errors import CaptureFileError, MemprofError
 from memprof.fileformat import Parts
 from memprof.plans import KnownTensor
@@ -83,21 +84,38 @@ def read(path: Path, limit: int | None = None) -> dict[str, Any]:
     return data  # type: ignore[no-any-return]
 
 
+def _whole(v: Any, top: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= top
+
+
 def _shape_problem(data: Any) -> str | None:
+    """What makes `data` no snapshot memprof can read (None: nothing): the containers, and every
+    number memprof uses in range (addresses and streams 64-bit, sizes as a capture's blocks)."""
     if not isinstance(data, dict):
         return f"a {type(data).__name__}, not a dict"
     traces, segments = data.get("device_traces"), data.get("segments")
     if not isinstance(traces, list) or not all(isinstance(t, list) for t in traces):
         return "no device_traces list"
+    if len(traces) > 128:
+        return f"{len(traces)} device traces"
     if not isinstance(segments, list) or not all(isinstance(s, dict) for s in segments):
         return "no segments list"
+    limits = {"addr": 1 << 64, "size": MAX_BLOCK_BYTES, "stream": 1 << 64, "time_us": MAX_TIME_NS // 1000}
     for t in traces:
         for e in t:
             if not isinstance(e, dict) or not isinstance(e.get("action"), str):
                 return "a trace entry without an action"
-            if not all(isinstance(e.get(k, 0), int) and not isinstance(e.get(k, 0), bool) and e.get(k, 0) >= 0
-                       for k in ("addr", "size", "stream", "time_us")):
-                return f"a {e['action']} entry whose addr, size, stream or time_us is not a whole number"
+            if not all(_whole(e.get(k, 0), top) for k, top in limits.items()):
+                what = repr(e["action"][:40])
+                return f"an entry {what} whose addr, size, stream or time_us is not a whole number in range"
+    for seg in segments:
+        blocks = seg.get("blocks", [])
+        if not _whole(seg.get("device", 0), 127) or not _whole(seg.get("address", 0) or 0, 1 << 64) \
+                or not _whole(seg.get("total_size", 0) or 0, MAX_BLOCK_BYTES) or not isinstance(blocks, list):
+            return "a segment whose device, address, total_size or blocks are not what a snapshot holds"
+        if not all(isinstance(b, dict) and _whole(b.get("size", 0) or 0, MAX_BLOCK_BYTES)
+                   and _whole(b.get("address", 0) or 0, 1 << 64) for b in blocks):
+            return "a block whose size or address is not a whole number in range"
     return None
 
 

@@ -114,6 +114,11 @@ def test_bad_and_oversized_snapshots_are_one_line(tmp_path: Path) -> None:
         "nodict.pickle": (pickle.dumps({"segments": []}, protocol=4), "no device_traces list"),
         "badentry.pickle": (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": -1}]]},
                                          protocol=4), "not a whole number"),
+        "huge.pickle": (pickle.dumps({"segments": [], "device_traces": [[{"action": "alloc", "addr": 1,
+                                                                           "size": 1 << 60}]]}, protocol=4),
+                        "not a whole number in range"),
+        "badblock.pickle": (pickle.dumps({"device_traces": [[]], "segments": [{"blocks": [{"size": "abc"}]}]},
+                                         protocol=4), "a block whose size or address"),
         "cut.pickle": (pickle.dumps({"segments": [], "device_traces": []}, protocol=4)[:-5], "not a readable pickle"),
     }
     for name, (data, words) in cases.items():
