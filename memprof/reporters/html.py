@@ -9,6 +9,7 @@ import json
 from importlib import resources
 from typing import Any
 
+from memprof.analysis.labels import CATEGORIES
 from memprof.analysis.oom import format_oom, oom_reports
 from memprof.analysis.summary import summarize
 from memprof.analysis.view import MAX_ITEMS, MAX_POINTS, device_view, step_bands
@@ -63,7 +64,7 @@ def page_data(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX_I
     devices = sorted(cap.devices, key=lambda d: d != cap.main_device)
     views = [device_view(cap.timeline(d), cap.labels(d), raw, t0, step_bands(t0, cap.steps(d)), max_points,
                          max_items) for d in devices]
-    return {"summary": summarize(cap).to_json(), "devices": views,
+    return {"summary": summarize(cap).to_json(), "devices": views, "category_names": list(CATEGORIES),
             "generator": f"memprof {cap.meta.get('memprof_version', '')}"}
 
 

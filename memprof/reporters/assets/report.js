@@ -8,9 +8,7 @@
     workspace: "#edc948", unattributed: "#9c9c9c", unsharded_parameter: "#86bcb6",
     unsharded_gradient: "#fabfd2", all_gather: "#d4a6c8", reduce_scatter: "#8cd17d", ddp_bucket: "#b6992d",
   };
-  const CATS = ["parameter", "gradient", "optimizer_state", "input", "saved_activation", "recomputed", "rng_mask",
-    "temporary", "workspace", "unattributed", "unsharded_parameter", "unsharded_gradient", "all_gather",
-    "reduce_scatter", "ddp_bucket"];
+  const CATS = DATA.category_names;  // memprof's categories, in the order the items' indices use
   const $ = (id) => document.getElementById(id);
   const el = (tag, attrs, text) => {
     const e = document.createElement(tag);
