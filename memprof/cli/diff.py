@@ -21,10 +21,13 @@ _BY = ("category", "node", "layer", "kernel")
               help="Tables to print (repeatable) [default: all four].")
 @click.option("--top", type=click.IntRange(min=1), default=10, show_default=True, help="Rows shown per table.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (every row).")
+@click.option("--html", "html_out", type=click.Path(dir_okay=False), default=None,
+              help="Also write the diff as one self-contained page here.")
+@click.option("--force", is_flag=True, help="Overwrite an existing --html file.")
 @click.option("--fail-above", type=Limit(), default=None,
               help="Exit 1 when B's bytes exceed A's by more than this (64MB, 1GiB or 5%): a memory regression gate.")
 def diff(a_file: str, b_file: str, at: str, device: str | None, by: tuple[str, ...], top: int, as_json: bool,
-         fail_above: int | float | None) -> int:
+         html_out: str | None, force: bool, fail_above: int | float | None) -> int:
     """Compare capture B with capture A (e.g. stock against --remat light, eager against compiled,
     one torch version against the next): B's live bytes at the point minus A's, by category, FX
     node, layer and kernel. Each table's rows sum exactly to the difference."""
@@ -33,13 +36,17 @@ def diff(a_file: str, b_file: str, at: str, device: str | None, by: tuple[str, .
     from memprof.capture import load
     from memprof.console import say
     from memprof.errors import MemprofError
-    from memprof.outputs import json_text, resolve
-    from memprof.reporters.diff import format_diff
+    from memprof.outputs import check_outputs, json_text, resolve, write_text
+    from memprof.reporters.diff import diff_html, format_diff
 
     if resolve(a_file) == resolve(b_file):
         raise MemprofError(f"A and B are the same file ({a_file}): diff compares two captures")
+    page = resolve(html_out) if html_out else None
+    check_outputs({"--html": page}, [("capture A", resolve(a_file)), ("capture B", resolve(b_file))], force)
     a, b = load(a_file), load(b_file)
     d = diff_captures(a, b, at, device)
+    if page is not None:
+        write_text(page, diff_html(d, Path(a_file).name, Path(b_file).name))
     over = None
     if fail_above is not None:
         limit = fail_above if isinstance(fail_above, int) else round(fail_above * d.a_total)

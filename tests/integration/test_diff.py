@@ -4,6 +4,7 @@ sum to the difference to the byte, the regression gate, and bad input."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,14 @@ def test_the_cli_prints_json_and_gates_on_growth(pair: tuple[Path, Path], tmp_pa
         assert res.returncode == code, (limit, res.stderr)
         if code:
             assert "more than --fail-above" in res.stderr
+    # the page: each table's rows sum to the difference; nothing fetched, no script
+    res = invoke_memprof("diff", str(a), str(b), "--html", "d.html", "--top", "3", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    page = (tmp_path / "d.html").read_text()
+    assert "<script" not in page and "default-src 'none'" in page and 'data-delta="319488"' in page
+    for table in page.split("<h2>by ")[1:]:
+        assert sum(int(v) for v in re.findall(r'<tr data-delta="(-?\d+)"', table)) == 319_488
+    assert "already exists" in one_line_error(invoke_memprof("diff", str(a), str(b), "--html", "d.html", cwd=tmp_path))
     # shrinking never fails the gate
     assert invoke_memprof("diff", str(b), str(a), "--fail-above", "0B", cwd=tmp_path).returncode == 0
 
