@@ -92,7 +92,8 @@ def diff_html(d: CaptureDiff, a_name: str, b_name: str, top: int = 200) -> str:
                        "</span></td></tr>")
         rest = changed[top:]
         if rest:
-            span, more, rest_delta = 4 if by != "category" else 3, count(len(rest), "more row"), sum(r.delta for r in rest)
+            span = 4 if by != "category" else 3
+            more, rest_delta = count(len(rest), "more row"), sum(r.delta for r in rest)
             trs.append(f'<tr data-delta="{rest_delta}"><td colspan="{span}">({more} that changed)</td>'
                        f'<td class="n">{rest_delta:+,}</td><td></td></tr>')
         head = "<th>largest category</th>" if by != "category" else ""
