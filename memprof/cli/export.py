@@ -23,7 +23,11 @@ class _Formats(click.Choice):  # type: ignore[type-arg]  # generic only in click
 @click.option("--force", is_flag=True, help="Overwrite an existing output file.")
 @click.option("--max-counter-points", type=click.IntRange(min=16), default=None,
               help="Down-sample counter tracks to about this many points (the peak is always kept).")
-def export(capture_file: str, fmt: str, output: str | None, force: bool, max_counter_points: int | None) -> None:
+@click.option("--slices", type=click.Choice(["all", "graphs", "none"]), default=None,
+              help="Chrome: host slices kept: every op, kernel and graph call [all]; compiled-graph calls and "
+                   "their kernels; or none (counters and markers only: a long capture's trace).")
+def export(capture_file: str, fmt: str, output: str | None, force: bool, max_counter_points: int | None,
+           slices: str | None) -> None:
     """Convert CAPTURE; the Chrome trace opens in ui.perfetto.dev or chrome://tracing, the snapshot
     (a pickle) in pytorch.org/memory_viz and torch.cuda._memory_viz."""
     from memprof.capture import load
@@ -33,20 +37,24 @@ def export(capture_file: str, fmt: str, output: str | None, force: bool, max_cou
     from memprof.reporters import get
 
     reporter = get(fmt, "export")
-    if max_counter_points and fmt != "chrome":
-        raise MemprofError(f"--max-counter-points applies to --format chrome, not {fmt}")
+    for name, value in (("--max-counter-points", max_counter_points), ("--slices", slices)):
+        if value and fmt != "chrome":
+            raise MemprofError(f"{name} applies to --format chrome, not {fmt}")
     out = resolve(output) if output else resolve(Path(capture_file).with_suffix(reporter.suffix))
     check_outputs({"-o": out}, [("input capture", resolve(capture_file))], force)
-    options = {"max_counter_points": max_counter_points} if max_counter_points else {}
+    options: dict[str, object] = {"max_counter_points": max_counter_points} if max_counter_points else {}
+    if slices:
+        options["slices"] = slices
     run = load_run(Path(capture_file))
     if run is not None:  # a distributed run's rank files: one trace, a process per rank and device
         import json
 
-        from memprof.reporters.chrome import chrome_trace_ranks
+        from memprof.reporters.chrome import DEFAULT_MAX_COUNTER_POINTS, chrome_trace_ranks
 
         if fmt != "chrome":
             raise MemprofError(f"--format {fmt} exports one capture: name one rank's file (run.rank0.memprof)")
-        data: str | bytes = json.dumps(chrome_trace_ranks(run[0], **options), separators=(",", ":"))
+        data: str | bytes = json.dumps(chrome_trace_ranks(run[0], max_counter_points or DEFAULT_MAX_COUNTER_POINTS,
+                                                          slices or "all"), separators=(",", ":"))
     else:
         data = reporter.render(load(capture_file), **options)
     try:

@@ -41,13 +41,22 @@ def _category(name: str) -> str:
 Us = Callable[[Any], Any]  # steady-clock ns -> trace microseconds
 
 
-def _slice_events(cap: Capture, us: Us, t0: int) -> list[dict[str, Any]]:
-    """Every scope as a complete ("X") event on its thread, with the FX nodes of kernels."""
+SLICES = ("all", "graphs", "none")  # which host slices a trace holds (`--slices`)
+
+
+def _slice_events(cap: Capture, us: Us, t0: int, which: str = "all") -> list[dict[str, Any]]:
+    """Every scope as a complete ("X") event on its thread, with the FX nodes of kernels; `which`:
+    "graphs" keeps compiled-graph calls and their kernels (no eager ops), "none" no slice at all
+    (a long capture's trace: its counters and markers only)."""
     events: list[dict[str, Any]] = []
+    if which == "none":
+        return events
     slices = cap.scopes.slices(cap.info.t_stop_ns or t0)
     kernel_nodes = _kernel_nodes(cap, slices)
     for i, sl in enumerate(slices):
         name = cap.scope_name(sl.scope)
+        if which == "graphs" and _category(name) not in ("compiled_graph", "kernel") and i not in kernel_nodes:
+            continue
         dur = round((sl.t_end_ns - sl.t_begin_ns) / 1000.0, 3)
         ev: dict[str, Any] = {"ph": "X", "pid": 0, "tid": sl.thread, "name": name, "cat": _category(name),
                               "ts": float(us(sl.t_begin_ns)), "dur": float(dur)}
@@ -107,7 +116,8 @@ def _device_marks(cap: Capture, pid: int, dev: str, us: Us) -> list[dict[str, An
     return events
 
 
-def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS) -> dict[str, Any]:
+def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS, slices: str = "all"
+                 ) -> dict[str, Any]:
     raw = cap.raw
     t0 = cap.info.t_start_ns or (int(raw["t_ns"].min()) if len(raw) else 0)
 
@@ -122,7 +132,7 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
         label = t.get("name") or "thread"
         meta_events.append({"ph": "M", "pid": 0, "tid": int(t["index"]), "name": "thread_name",
                             "args": {"name": f"{label} (tid {t.get('tid')})"}})
-    events = _slice_events(cap, us, t0)
+    events = _slice_events(cap, us, t0, slices)
     for pid, dev in enumerate(cap.devices, start=1):
         meta_events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{dev} memory"}})
         meta_events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
@@ -143,8 +153,8 @@ def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POI
     }
 
 
-def chrome_trace_ranks(caps: dict[int, Capture], max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS
-                       ) -> dict[str, Any]:
+def chrome_trace_ranks(caps: dict[int, Capture], max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS,
+                       slices: str = "all") -> dict[str, Any]:
     """One trace of a distributed run: each rank's processes (host threads, one per device) renamed
     "rank R: ..." and numbered apart, in one timeline. Ranks of one host share its monotonic clock
     and are aligned by it; ranks of several hosts are aligned at their captures' starts (said in
@@ -156,7 +166,7 @@ def chrome_trace_ranks(caps: dict[int, Capture], max_counter_points: int = DEFAU
     meta_events: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     for r, cap in sorted(caps.items()):
-        trace = chrome_trace(cap, max_counter_points)
+        trace = chrome_trace(cap, max_counter_points, slices)
         shift = (starts[r] - t0) / 1000.0 if one_host else 0.0
         for ev in trace["traceEvents"]:
             ev = {**ev, "pid": r * per + int(ev["pid"])}
@@ -215,8 +225,8 @@ def _kernel_nodes(cap: Capture, slices: list[Slice]) -> dict[int, tuple[str, str
 
 
 @register("chrome", "export", ".json", "Chrome/Perfetto trace (Trace Event Format)")
-def render_chrome(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS) -> str:
-    return json.dumps(chrome_trace(cap, max_counter_points), separators=(",", ":"))
+def render_chrome(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS, slices: str = "all") -> str:
+    return json.dumps(chrome_trace(cap, max_counter_points, slices), separators=(",", ":"))
 
 
 def validate_chrome_trace(trace: Any) -> list[str]:

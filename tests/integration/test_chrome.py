@@ -84,3 +84,25 @@ def test_a_gz_name_writes_the_trace_gzipped(cap: memprof.Capture, tmp_path: Path
     packed = (tmp_path / "t.json.gz").read_bytes()
     assert packed[:2] == b"\x1f\x8b" and gzip.decompress(packed) == plain and len(packed) < len(plain) / 3
     assert validate_chrome_trace(json.loads(gzip.decompress(packed))) == []
+
+
+def test_slices_can_be_left_out(cap: memprof.Capture) -> None:
+    full = json.loads(render("chrome", cap))
+    some = chrome_trace(cap, slices="graphs")  # an eager run: no compiled-graph call, so no slice
+    bare = chrome_trace(cap, slices="none")
+    for trace in (some, bare):
+        assert validate_chrome_trace(trace) == []
+        assert not [e for e in trace["traceEvents"] if e["ph"] == "X"]
+        # the counters and markers stay: the peak to the byte
+        peaks = [e for e in trace["traceEvents"] if e.get("cat") == "peak"]
+        assert peaks[0]["args"]["bytes"] == cap.peak("cpu")
+    assert [e for e in full["traceEvents"] if e["ph"] == "X" and e["cat"] == "op"]
+
+
+def test_graph_slices_keep_compiled_calls_and_their_kernels() -> None:
+    compiled = memprof.load(Path(__file__).resolve().parent.parent / "fixtures" / "gpt2_bf16_cpu.memprof")
+    xs = [e for e in chrome_trace(compiled, slices="graphs")["traceEvents"] if e["ph"] == "X"]
+    full = [e for e in chrome_trace(compiled)["traceEvents"] if e["ph"] == "X"]
+    assert any(e["cat"] == "compiled_graph" for e in xs) and len(xs) < len(full)
+    # what is left besides graph calls and kernels are extern ops run inside a graph call, with their FX nodes
+    assert all(e["cat"] in ("compiled_graph", "kernel") or "fx_nodes" in e.get("args", {}) for e in xs)
