@@ -9,6 +9,7 @@ import collections
 import contextlib
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,9 @@ class Recorder:
         self.pid = os.getpid()
         self.step = 0
         self.explicit_steps = False
+        # called with each step's number as it ends, before its marker is recorded (`memprof sweep`
+        # takes the machine in turns there: a wait in it falls into the step that ends, not the next)
+        self.before_marker: Callable[[int], None] | None = None
         self.stopped = False
         self.spill: spill.SpillWriter | None = None
         self.background: Background | None = None
@@ -204,6 +208,8 @@ class Recorder:
     def mark_step(self, source: str) -> int:
         self.step += 1
         self.meta["step_source"] = source
+        if self.before_marker is not None:
+            self.before_marker(self.step)
         native().mark_step(self.step)
         environment.note_backend(self.meta)
         if self.plan_recorder is not None and (self.keep.last is not None or self.keep.keep_last):

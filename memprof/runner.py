@@ -211,6 +211,7 @@ class TraceOptions:
     force: bool = False  # --force: replace the outputs, and the spill a killed run left beside them
     keep: Keep = field(default_factory=Keep)  # --steps, --keep-last, --exit-after
     taken: tuple[str, ...] = ()  # memprof's options that came after SCRIPT (the summary names them)
+    before_marker: Callable[[int], None] | None = None  # (the sweep: the machine taken in turns after step 1)
 
 
 def _remat(mode: str) -> contextlib.AbstractContextManager[None]:
@@ -315,7 +316,7 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
         with budget_set, _remat(opts.remat), session(
                 max_events=opts.max_events or DEFAULT_MAX_EVENTS, scopes=opts.scopes, kernels=opts.kernels,
                 meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator, replace_spill=opts.force,
-                keep=opts.keep, overwrite=opts.force, on_fatal=on_fatal) as cap:
+                keep=opts.keep, overwrite=opts.force, on_fatal=on_fatal, before_marker=opts.before_marker) as cap:
             try:
                 result = run_script(script, script_args, exiting=exiting)
             except BaseException:

@@ -58,11 +58,13 @@ def _save(cap: Capture, path: Path, rec: Recorder, overwrite: bool) -> None:
 def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernels: bool = True, plans: bool = True,
             meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
             knapsack_evaluator: bool = False, replace_spill: bool = False, keep: Keep | None = None,
-            overwrite: bool = False, on_fatal: Callable[[Capture, int], None] | None = None) -> Iterator[Capture]:
+            overwrite: bool = False, on_fatal: Callable[[Capture, int], None] | None = None,
+            before_marker: Callable[[int], None] | None = None) -> Iterator[Capture]:
     """`capture()` with memprof's own options (`knapsack_evaluator`: the sweep's measurements;
     `replace_spill`: `memprof trace --force` replaces the spill a killed run left; `keep`: which
     steps are stored, and `Keep.exit_after`; `on_fatal(capture, signum)`: what to say once a fatal
-    signal's capture is saved, before the signal ends the process)."""
+    signal's capture is saved, before the signal ends the process; `before_marker(step)`: called as
+    each step ends, before its marker is recorded)."""
     if scopes not in SCOPE_BITS:
         raise MemprofError(f"scopes must be one of {sorted(SCOPE_BITS)}, got {scopes!r}")
     if max_events <= 0:
@@ -80,6 +82,7 @@ def session(*, max_events: int = DEFAULT_MAX_EVENTS, scopes: str = "ops", kernel
                 "only (a kill would lose it)")
     cap = Capture(meta=dict(meta or {}))
     rec = Recorder(cap, max_events, scopes, kernels, plans, knapsack_evaluator, keep)
+    rec.before_marker = before_marker
     try:
         activate(rec)
     except BaseException:

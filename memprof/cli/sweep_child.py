@@ -40,10 +40,12 @@ def _measured(cap: object, budget: float, remat: str) -> str:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="(measured) the capture file.")
 @click.option("--device-lock", type=click.Path(dir_okay=False), default=None,
               help="(predicted) run compiled graphs only while holding this lock (the device taken in turns).")
+@click.option("--step-lock", type=click.Path(dir_okay=False), default=None,
+              help="(measured) compile beside the others, time the steps after the first alone (`sweep.turns`).")
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 def sweep_child(ctx: click.Context, budgets: tuple[float, ...], json_paths: tuple[str, ...], remat: str,
-                predict: bool, output: str | None, device_lock: str | None, script: str,
+                predict: bool, output: str | None, device_lock: str | None, step_lock: str | None, script: str,
                 script_args: tuple[str, ...]) -> object:
     """(memprof sweep) One budget measured, or a group of budgets predicted."""
     from memprof.outputs import resolve
@@ -82,5 +84,11 @@ def sweep_child(ctx: click.Context, budgets: tuple[float, ...], json_paths: tupl
     def finished(cap: object) -> None:  # (also when a fatal signal, the sweep's timeout, is about to end it)
         write_text(json_path, _measured(cap, budgets[0], remat))
 
-    opts = TraceOptions(budgets[0], remat, knapsack_evaluator=True)
+    turn = None
+    if step_lock:
+        from memprof.sweep.turns import StepTurn
+
+        turn = StepTurn(resolve(step_lock))
+        turn.start()
+    opts = TraceOptions(budgets[0], remat, knapsack_evaluator=True, before_marker=turn.before_marker if turn else None)
     return traced(script, args, out, {}, opts, Path.cwd(), exiting=ctx.obj is True, finished=finished).ending

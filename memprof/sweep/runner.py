@@ -97,6 +97,8 @@ def _run_group(pool: _Pool, out: Path, script: str, args: Sequence[str], variant
         if len(budgets) != 1:
             raise ValueError("a measured budget runs alone")
         cmd += ["-o", str(out / f"{labels[0]}.memprof")]
+        if device_lock is not None:  # steps timed in turns (`sweep.turns`)
+            cmd += ["--step-lock", str(device_lock)]
     if variant != "stock":
         cmd += ["--remat", variant]
     cmd += [script, "--", *args]
@@ -295,9 +297,14 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         sweep.notes.append(f"{len(budgets) * len(variants)} budgets predicted in {procs}: the budgets "
                            "of a process share the script's start, Dynamo's trace and the joint graph")
     at_once = min(jobs, len(groups)) * nproc
-    if not predict and at_once > 1:
-        # runs measured side by side share the cores and the GPU: on a 2-core machine, --jobs 2 timed
-        # the bundled example's steps at 1548.6 ms against about 8 ms alone
+    # measured runs side by side share the cores and the GPU (on a 2-core machine, --jobs 2 timed the
+    # bundled example's steps at 1548.6 ms against about 8 ms alone): they compile together and time
+    # their steps after the first one at a time (`sweep.turns`); a torchrun job's ranks run together
+    step_turns = not predict and nproc == 1 and at_once > 1
+    if step_turns:
+        sweep.notes.append(f"{at_once} processes compiled side by side; each timed its steps after the first "
+                           "alone (no other process compiling or timing)")
+    elif not predict and at_once > 1:
         sweep.notes.append(f"step times were measured with up to {at_once} processes running at once on "
                            f"{os.cpu_count() or 1} cores{' and the same GPU' if gpus and len(gpus) < at_once else ''}: "
                            "they are not comparable between budgets; --jobs 1 measures each alone")
@@ -310,6 +317,8 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
         v, bs = groups[i]
         gpu = gpus[i % len(gpus)] if len(gpus) > 1 and nproc == 1 else None  # a torchrun job takes them all
         device_lock = out / "logs" / f"device{gpu if gpu is not None else ''}.lock" if turns else None
+        if step_turns:
+            device_lock = out / "logs" / "steps.lock"
         try:
             runs = _run_group(pool, out, script, args, v, bs, gpu, timeout, env, predict, device_lock, nproc)
         except OSError as exc:
