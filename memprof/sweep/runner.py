@@ -271,6 +271,25 @@ def _last_line(path: Path) -> str | None:
     return None
 
 
+def _process_notes(share: bool, tasks: int, groups: int, at_once: int, step_turns: bool, measured: bool,
+                   gpus: int) -> list[str]:
+    """What the table's readers need to know of how the processes ran."""
+    notes = []
+    if share:
+        notes.append(f"{tasks} budgets predicted in {count(groups, 'process', 'processes')}: the budgets "
+                     "of a process share the script's start, Dynamo's trace and the joint graph")
+    if step_turns:
+        notes.append(f"{at_once} processes compiled side by side; each timed its steps after the first "
+                     "alone (no other process compiling or timing)")
+    elif measured and at_once > 1:
+        # (on a 2-core machine, --jobs 2 side by side timed the bundled example's steps at 1548.6 ms
+        # against about 8 ms alone)
+        notes.append(f"step times were measured with up to {at_once} processes running at once on "
+                     f"{os.cpu_count() or 1} cores{' and the same GPU' if gpus and gpus < at_once else ''}: "
+                     "they are not comparable between budgets; --jobs 1 measures each alone")
+    return notes
+
+
 def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], variants: Sequence[str], out: Path,
               jobs: int = 1, timeout: float | None = None, progress: Progress | None = None,
               env: dict[str, str] | None = None, predict: bool = False,
@@ -292,22 +311,12 @@ def run_sweep(script: str, args: Sequence[str], budgets: Sequence[float], varian
     env = dict(env or {})
     env.update(process_threads(os.cpu_count() or 1, min(jobs, len(groups)) * nproc, bool(gpus),
                                {**os.environ, **env}))
-    if share:
-        procs = count(len(groups), "process", "processes")
-        sweep.notes.append(f"{len(budgets) * len(variants)} budgets predicted in {procs}: the budgets "
-                           "of a process share the script's start, Dynamo's trace and the joint graph")
     at_once = min(jobs, len(groups)) * nproc
-    # measured runs side by side share the cores and the GPU (on a 2-core machine, --jobs 2 timed the
-    # bundled example's steps at 1548.6 ms against about 8 ms alone): they compile together and time
-    # their steps after the first one at a time (`sweep.turns`); a torchrun job's ranks run together
+    # measured runs side by side share the cores and the GPU: they compile together and time their
+    # steps after the first one at a time (`sweep.turns`); a torchrun job's ranks run together
     step_turns = not predict and nproc == 1 and at_once > 1
-    if step_turns:
-        sweep.notes.append(f"{at_once} processes compiled side by side; each timed its steps after the first "
-                           "alone (no other process compiling or timing)")
-    elif not predict and at_once > 1:
-        sweep.notes.append(f"step times were measured with up to {at_once} processes running at once on "
-                           f"{os.cpu_count() or 1} cores{' and the same GPU' if gpus and len(gpus) < at_once else ''}: "
-                           "they are not comparable between budgets; --jobs 1 measures each alone")
+    sweep.notes.extend(_process_notes(share, len(budgets) * len(variants), len(groups), at_once, step_turns,
+                                      not predict, len(gpus)))
     pool = _Pool()
     lock = threading.Lock()
     # predicting processes take the device in turns for their forwards (sweep.predict.DeviceTurn)
