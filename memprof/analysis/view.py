@@ -23,7 +23,7 @@ MAX_POINTS = 4000  # points of a device's series (each bucket's min and max: the
 MAX_ITEMS = 20000  # allocations a device's table can list (those live at the peak, then the largest)
 
 
-def _items(tl: Timeline, labels: Labels, max_items: int) -> np.ndarray:
+def _items(tl: Timeline, max_items: int) -> np.ndarray:
     """Timeline positions of the allocations the page lists: all live at the peak, then the largest."""
     allocs = np.flatnonzero(tl.is_alloc)
     at_peak = tl.live_positions(tl.peak_pos) if tl.peak_pos >= 0 else np.zeros(0, np.int64)
@@ -43,7 +43,7 @@ def device_view(tl: Timeline, labels: Labels, raw: np.ndarray, t0: int, steps: l
     series = category_series(tl, labels, keep)
     present = [c for c in range(len(CATEGORIES)) if series[:, c].any()]
     secs = ((tl.t_ns - t0) / 1e9).round(6)
-    items = _items(tl, labels, max_items)
+    items = _items(tl, max_items)
     free = tl.free_of[items]
     n = len(tl.rows)
     names = labels.names
