@@ -149,6 +149,13 @@ def _category(entry: dict[str, Any]) -> str | None:
     return c if c in CATEGORIES and c != "unattributed" else None
 
 
+def _known(entry: dict[str, Any], t_ns: int, device: str, addr: int, size: int, where: str) -> list[KnownTensor]:
+    """The block's category as a known tensor, where the entry carries one (memprof's own node
+    labels already lead with their category: it is not repeated)."""
+    cat = _category(entry)
+    return [KnownTensor(t_ns, device, addr, size, cat, where.removeprefix(f"{cat}:") or cat)] if cat else []
+
+
 def to_parts(data: dict[str, Any], path: Path) -> Parts:
     """What a capture of a snapshot's traces holds: every allocation, free, segment and OOM entry as an event
     (in trace order; `time_us` as time), blocks live before the trace as the capture's start
@@ -190,15 +197,11 @@ def to_parts(data: dict[str, Any], path: Path) -> Parts:
                 continue
             if kind == Kind.ALLOC:
                 alive[addr] = size
-                cat = _category(e)
-                if cat:  # (memprof's own node labels already lead with their category)
-                    known.append(KnownTensor(t_last, device, addr, size, cat, where.removeprefix(f"{cat}:") or cat))
+                known.extend(_known(e, t_last, device, addr, size, where))
             elif kind == Kind.FREE:
                 if alive.pop(addr, None) is None:
                     before[addr] = size  # allocated before the trace began
-                    cat = _category(e)
-                    if cat:
-                        known.append(KnownTensor(0, device, addr, size, cat, where.removeprefix(f"{cat}:") or cat))
+                    known.extend(_known(e, 0, device, addr, size, where))
             else:
                 seg_delta += sign * size
             rows.append((t_last, sign * size, addr, int(e.get("stream", 0)), size if kind == Kind.ALLOC else -1,
@@ -207,10 +210,7 @@ def to_parts(data: dict[str, Any], path: Path) -> Parts:
         for addr, size, block in end_blocks:
             if addr not in alive and addr not in before:
                 before[addr] = size  # live through the whole trace
-                cat = _category(block)
-                if cat:
-                    where = _frame_name(block.get("frames"))
-                    known.append(KnownTensor(0, device, addr, size, cat, where.removeprefix(f"{cat}:") or cat))
+                known.extend(_known(block, 0, device, addr, size, _frame_name(block.get("frames"))))
         if trace or end_blocks:
             meta["preexisting"][device] = [[a, s] for a, s in sorted(before.items())]
             meta["baselines"][device] = {"allocated": sum(before.values()),

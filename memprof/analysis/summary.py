@@ -197,7 +197,7 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
     )
 
 
-def _main_first(cap: Capture) -> list[str]:
+def main_first(cap: Capture) -> list[str]:
     """The devices, the one that peaked (the main one) first: a GPU job's CPU side follows it."""
     return sorted(cap.devices, key=lambda d: d != cap.main_device)
 
@@ -214,7 +214,7 @@ def summarize(cap: Capture, top: int = 8) -> Summary:
         exit_code=meta.get("exit_code"), error=meta.get("error"), events=len(raw), duration_s=(t1 - t0) / 1e9,
         dropped_events=cap.dropped, exact=cap.exact, caveats=cap.caveats, steps_run=meta.get("steps"),
         max_events=meta.get("max_events"), unfollowed_events=unfollowed_count(raw),
-        cuda_tracker=meta.get("cuda_tracker"), devices=[_device_summary(cap, d, top, t0) for d in _main_first(cap)],
+        cuda_tracker=meta.get("cuda_tracker"), devices=[_device_summary(cap, d, top, t0) for d in main_first(cap)],
         ooms=oom_reports(cap, top), notes=list(meta.get("notes", [])), step=step_figures(cap),
     )
 

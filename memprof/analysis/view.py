@@ -54,8 +54,6 @@ def device_view(tl: Timeline, labels: Labels, raw: np.ndarray, t0: int, steps: l
     calls = [{"role": c.role, "key": c.key, "t0": float((int(raw["t_ns"][c.begin_row]) - t0) / 1e9),
               "t1": float((int(raw["t_ns"][min(c.end_row, last)]) - t0) / 1e9),
               "p0": tl.pos_before_row(c.begin_row) + 1, "p1": tl.pos_before_row(c.end_row)} for c in labels.calls]
-    for s in steps:
-        s["p0"], s["p1"] = tl.pos_before_row(s.pop("start_row")) + 1, tl.pos_before_row(s.pop("end_row"))
     ooms = [{"t": (int(raw["t_ns"][r]) - t0) / 1e9, "pos": tl.pos_before_row(int(r)), "requested": int(raw["bytes"][r])}
             for r in np.flatnonzero(raw["kind"] == Kind.OOM).tolist()]
     return {
@@ -92,7 +90,9 @@ def layer_category(tl: Timeline, labels: Labels, pos: int) -> dict[str, dict[str
     return out
 
 
-def step_bands(t0: int, steps: list[Any]) -> list[dict[str, Any]]:
-    """Steps as bands: number, start and end (seconds from `t0`) and peak (`Capture.steps`)."""
+def step_bands(tl: Timeline, t0: int, steps: list[Any]) -> list[dict[str, Any]]:
+    """Steps as bands: number, start and end (seconds from `t0`, and timeline positions) and peak
+    (`Capture.steps` of `tl`'s device)."""
     return [{"step": s.step, "t0": (s.t_start_ns - t0) / 1e9, "t1": (s.t_end_ns - t0) / 1e9, "peak": int(s.peak),
-             "complete": bool(s.complete), "start_row": s.start_row, "end_row": s.end_row} for s in steps]
+             "complete": bool(s.complete), "p0": tl.pos_before_row(s.start_row) + 1,
+             "p1": tl.pos_before_row(s.end_row)} for s in steps]

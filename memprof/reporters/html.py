@@ -6,12 +6,13 @@ the data is compact JSON in a `<script type="application/json">` element, every 
 from __future__ import annotations
 
 import json
+from html import escape
 from importlib import resources
 from typing import Any
 
 from memprof.analysis.labels import CATEGORIES
 from memprof.analysis.oom import format_oom, oom_reports
-from memprof.analysis.summary import summarize
+from memprof.analysis.summary import main_first, summarize
 from memprof.analysis.view import MAX_ITEMS, MAX_POINTS, device_view, step_bands
 from memprof.capture import Capture
 from memprof.errors import MemprofError, printable
@@ -61,9 +62,10 @@ def page_data(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX_I
     it or from the timeline it was computed from) and each device's view, the main device first."""
     raw = cap.raw
     t0 = cap.info.t_start_ns or (int(raw["t_ns"][0]) if len(raw) else 0)
-    devices = sorted(cap.devices, key=lambda d: d != cap.main_device)
-    views = [device_view(cap.timeline(d), cap.labels(d), raw, t0, step_bands(t0, cap.steps(d)), max_points,
-                         max_items) for d in devices]
+    views = []
+    for d in main_first(cap):
+        tl = cap.timeline(d)
+        views.append(device_view(tl, cap.labels(d), raw, t0, step_bands(tl, t0, cap.steps(d)), max_points, max_items))
     return {"summary": summarize(cap).to_json(), "devices": views, "category_names": list(CATEGORIES),
             "generator": f"memprof {cap.meta.get('memprof_version', '')}"}
 
@@ -74,10 +76,6 @@ def render_html(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX
         raise MemprofError("the capture recorded no events: nothing to draw")
     data = json.dumps(page_data(cap, max_points, max_items), separators=(",", ":"), allow_nan=False)
     ooms = ["\n".join(format_oom(r)) for r in oom_reports(cap)]
-    oom = "".join(f'<h2>Out of memory</h2><pre class="caveat">{_escape(printable(text))}</pre>' for text in ooms)
-    return _PAGE.format(title=_escape(str(cap.meta.get("command") or "capture")), css=_asset("report.css"),
+    oom = "".join(f'<h2>Out of memory</h2><pre class="caveat">{escape(printable(text))}</pre>' for text in ooms)
+    return _PAGE.format(title=escape(str(cap.meta.get("command") or "capture")), css=_asset("report.css"),
                         js=_asset("report.js"), data=data.replace("</", "<\\/"), oom=oom)
-
-
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
