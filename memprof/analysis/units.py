@@ -58,8 +58,8 @@ def parse_size(text: str) -> int:
     units are powers of 1000 (as `fmt_bytes` prints them), binary ones (KiB, MiB, GiB) of 1024.
     Raises ValueError naming what was wrong."""
     s = text.strip().replace("_", "")
-    num = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ").strip()
-    unit = s[len(s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")):].lower()
+    before_unit = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    num, unit = before_unit.strip(), s[len(before_unit):].lower()
     if unit not in _UNITS:
         raise ValueError(f"{text!r} is not a size: unknown unit {unit!r} (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
     try:

@@ -7,6 +7,7 @@ from html import escape
 from memprof.analysis.diff import CaptureDiff, DiffRow
 from memprof.analysis.units import count, fmt_bytes
 from memprof.errors import printable
+from memprof.reporters.html import CATEGORY_COLORS
 
 
 def _signed(n: int) -> str:
@@ -47,11 +48,6 @@ def format_diff(d: CaptureDiff, a_name: str, b_name: str, by: list[str], top: in
     return printable("\n".join(lines))
 
 
-_COLORS = {"parameter": "#4e79a7", "gradient": "#f28e2b", "optimizer_state": "#76b7b2", "input": "#bab0ac",
-           "saved_activation": "#e15759", "recomputed": "#ff9da7", "rng_mask": "#b07aa1", "temporary": "#59a14f",
-           "workspace": "#edc948", "unattributed": "#9c9c9c"}
-
-
 def _bar(d: CaptureDiff, rows: list[DiffRow], side: str, total: int) -> str:
     """One capture's bytes by category at the point as a stacked bar (widths relative to the larger total)."""
     top = max(d.a_total, d.b_total) or 1
@@ -60,7 +56,7 @@ def _bar(d: CaptureDiff, rows: list[DiffRow], side: str, total: int) -> str:
         b = r.a_bytes if side == "a" else r.b_bytes
         if b:
             parts.append(f'<span title="{escape(r.key)}: {b:,} B" style="width:{b / top * 100:.3f}%;'
-                         f'background:{_COLORS.get(r.key, "#888")}"></span>')
+                         f'background:{CATEGORY_COLORS.get(r.key, "#888")}"></span>')
     label = f"{side.upper()}: {fmt_bytes(total)} ({total:,} B)"
     return f'<div class="bar">{"".join(parts)}</div><div class="k">{label}</div>'
 
@@ -76,8 +72,9 @@ def diff_html(d: CaptureDiff, a_name: str, b_name: str, top: int = 200) -> str:
             f"live bytes at {point} on {escape(d.device)}</p>",
             f'<p class="big" data-delta="{d.delta}">B − A {_signed(d.delta)} ({d.delta:+,} B){pct}</p>',
             _bar(d, cats, "a", d.a_total), _bar(d, cats, "b", d.b_total),
-            '<div class="k">' + " ".join(f'<span style="color:{c}">&#9632;</span> {k}' for k, c in _COLORS.items()
-                                         if any(r.key == k for r in cats)) + "</div>"]
+            '<div class="k">' + " ".join(f'<span style="color:{c}">&#9632;</span> {k}'
+                                         for k, c in CATEGORY_COLORS.items() if any(r.key == k for r in cats))
+            + "</div>"]
     biggest = max((abs(r.delta) for rs in d.rows.values() for r in rs), default=1) or 1
     for by, rows in d.rows.items():
         changed = [r for r in rows if r.delta]

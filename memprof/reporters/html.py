@@ -18,6 +18,14 @@ from memprof.capture import Capture
 from memprof.errors import MemprofError, printable
 from memprof.reporters.registry import register
 
+# a colour per category (Tableau 10 and its lighter companions), for the page's script and the diff page
+CATEGORY_COLORS = {
+    "parameter": "#4e79a7", "gradient": "#f28e2b", "optimizer_state": "#76b7b2", "input": "#bab0ac",
+    "saved_activation": "#e15759", "recomputed": "#ff9da7", "rng_mask": "#b07aa1", "temporary": "#59a14f",
+    "workspace": "#edc948", "unattributed": "#9c9c9c", "unsharded_parameter": "#86bcb6",
+    "unsharded_gradient": "#fabfd2", "all_gather": "#d4a6c8", "reduce_scatter": "#8cd17d", "ddp_bucket": "#b6992d",
+}
+
 _PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
@@ -67,6 +75,7 @@ def page_data(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX_I
         tl = cap.timeline(d)
         views.append(device_view(tl, cap.labels(d), raw, t0, step_bands(tl, t0, cap.steps(d)), max_points, max_items))
     return {"summary": summarize(cap).to_json(), "devices": views, "category_names": list(CATEGORIES),
+            "category_colors": CATEGORY_COLORS,
             "generator": f"memprof {cap.meta.get('memprof_version', '')}"}
 
 

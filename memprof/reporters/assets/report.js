@@ -2,12 +2,7 @@
 "use strict";
 (function () {
   const DATA = JSON.parse(document.getElementById("memprof-data").textContent);
-  const COLORS = {
-    parameter: "#4e79a7", gradient: "#f28e2b", optimizer_state: "#76b7b2", input: "#bab0ac",
-    saved_activation: "#e15759", recomputed: "#ff9da7", rng_mask: "#b07aa1", temporary: "#59a14f",
-    workspace: "#edc948", unattributed: "#9c9c9c", unsharded_parameter: "#86bcb6",
-    unsharded_gradient: "#fabfd2", all_gather: "#d4a6c8", reduce_scatter: "#8cd17d", ddp_bucket: "#b6992d",
-  };
+  const COLORS = DATA.category_colors;  // memprof.reporters.html.CATEGORY_COLORS
   const CATS = DATA.category_names;  // memprof's categories, in the order the items' indices use
   const $ = (id) => document.getElementById(id);
   const el = (tag, attrs, text) => {
