@@ -164,6 +164,24 @@ PYBIND11_MODULE(_C, m) {
         "Free the event chunks before event n (the spill holds them).");
   m.def("released_events", &memprof::released_events);
   m.def(
+      "spill_events",
+      [](int fd, size_t start, size_t count) {
+        int64_t written = 0;
+        {
+          py::gil_scoped_release release;
+          written = memprof::write_spill_records(fd, start, count);
+        }
+        if (written < 0) {
+          errno = static_cast<int>(-written);
+          PyErr_SetFromErrno(PyExc_OSError);
+          throw py::error_already_set();
+        }
+        return written;
+      },
+      py::arg("fd"), py::arg("start"), py::arg("count"),
+      "Append events [start, start + count) to the spill's descriptor as its event records, straight from "
+      "the store (not with a ring); returns the events written.");
+  m.def(
       "ring_head",
       [] {
         auto head = memprof::ring_head();
@@ -202,6 +220,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("first_dropped_ns", &memprof::first_dropped_ns);
   m.def("cpu_all_threads_problem", &memprof::cpu_all_threads_problem);
   m.def("max_events", &memprof::max_events);
+  m.def("set_max_events", &memprof::set_max_events, py::arg("n"));
   m.def("start_ns", &memprof::capture_start_ns);
   m.def("stop_ns", &memprof::capture_stop_ns);
   m.def("release", &memprof::release);

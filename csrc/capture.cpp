@@ -3,6 +3,7 @@
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
 #include <c10/util/ThreadLocalDebugInfo.h>
+#include <c10/util/flat_hash_map.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
 #include <atomic>
@@ -41,6 +42,11 @@ struct Session {
   int64_t t_start = 0;
   int64_t t_stop = 0;
   std::string cpu_wrapper_problem;  // "" when CPU allocations are seen on every thread
+  // The CPU allocator wrapper records CPU allocations itself: the reporter then tells torch that
+  // memory profiling is off, so the default CPU allocator skips its own size table (a mutex and a
+  // map insert per allocation, and the same again per free) and reports nothing the reporter would
+  // only drop. The CUDA caching allocator reports to the reporter whatever this says.
+  std::atomic<bool> cpu_wrapped{false};
 };
 
 // Sessions are never deleted (their event memory is freed by release()), so a
@@ -146,7 +152,9 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
     s->store.append(e);
   }
 
-  bool memoryProfilingEnabled() const override { return true; }
+  bool memoryProfilingEnabled() const override {
+    return !session_->cpu_wrapped.load(std::memory_order_relaxed);
+  }
 
   torch::profiler::impl::ActiveProfilerType profilerType() override {
     return torch::profiler::impl::ActiveProfilerType::NONE;
@@ -178,8 +186,9 @@ std::mutex& tracked_mu() {
   static auto* mu = new std::mutex();  // leaked: frees can run during process teardown
   return *mu;
 }
-std::unordered_map<void*, TrackedBlock>& tracked_blocks() {
-  static auto* blocks = new std::unordered_map<void*, TrackedBlock>();
+// (an open-addressing map: std::unordered_map's node per insert was a malloc and a free per tensor)
+ska::flat_hash_map<void*, TrackedBlock>& tracked_blocks() {
+  static auto* blocks = new ska::flat_hash_map<void*, TrackedBlock>();
   return *blocks;
 }
 
@@ -461,6 +470,7 @@ void start_capture(const CaptureOptions& options) {
   if (previous != nullptr) previous->store.clear();
   s->t_start = now_ns();
   s->cpu_wrapper_problem = install_cpu_wrapper();
+  s->cpu_wrapped.store(s->cpu_wrapper_problem.empty(), std::memory_order_relaxed);
   g_active.store(s, std::memory_order_release);
 }
 
@@ -520,6 +530,10 @@ size_t copy_events_range(size_t start, Event* dst, size_t count) {
 void release_events_before(size_t n) {
   if (Session* s = last()) s->store.release_before(n);
 }
+int64_t write_spill_records(int fd, size_t start, size_t count) {
+  Session* s = last();
+  return s ? s->store.write_records(fd, start, count) : 0;
+}
 size_t released_events() {
   Session* s = last();
   return s ? s->store.released() : 0;
@@ -563,6 +577,9 @@ std::string cpu_all_threads_problem() {
 size_t max_events() {
   Session* s = last();
   return s ? s->store.max_events() : 0;
+}
+void set_max_events(size_t n) {
+  if (Session* s = last()) s->store.set_max_events(n);
 }
 int64_t capture_start_ns() {
   Session* s = last();

@@ -50,6 +50,8 @@ size_t copy_events(Event* dst, size_t capacity);
 size_t copy_events_range(size_t start, Event* dst, size_t count);
 std::vector<std::string> strings_from(size_t first);
 void release_events_before(size_t n);
+// Events [start, start + count) appended to the spill's descriptor as its records (EventStore::write_records).
+int64_t write_spill_records(int fd, size_t start, size_t count);
 size_t released_events();
 // With keep_last: the ring's first stored event, the events carried into it (blocks live there) and
 // their scope context.
@@ -67,6 +69,8 @@ int64_t first_dropped_ns();
 // wrapped), else why it saw only those of the capturing thread and its autograd threads.
 std::string cpu_all_threads_problem();
 size_t max_events();
+// The active capture's bound on stored events from now on (EventStore::set_max_events).
+void set_max_events(size_t n);
 int64_t capture_start_ns();
 int64_t capture_stop_ns();
 void release();

@@ -1,6 +1,10 @@
 #include "events.h"
 
+#include <sys/uio.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 
@@ -326,6 +330,59 @@ size_t EventStore::copy_range(size_t start, Event* dst, size_t count) const {
     done += take;
   }
   return n;
+}
+
+int64_t EventStore::write_records(int fd, size_t start, size_t count) const {
+  std::vector<std::pair<const Event*, size_t>> parts;
+  {
+    // the chunk pointers only: the writes run without the lock, so allocations never wait on the disk
+    // (chunks before size() are only freed by release_before, which the writer itself calls after)
+    std::lock_guard<std::mutex> lock(mu_);
+    if (options_.keep_last > 0) return -EINVAL;
+    if (start < released_) return -EINVAL;
+    const size_t n = start < size_ ? std::min(count, size_ - start) : 0;
+    for (size_t done = 0; done < n;) {
+      const size_t at = start + done;
+      const size_t offset = at % kChunkEvents;
+      const size_t take = std::min(kChunkEvents - offset, n - done);
+      parts.emplace_back(chunks_[at / kChunkEvents].get() + offset, take);
+      done += take;
+    }
+  }
+  int64_t written = 0;
+  for (const auto& [events, n] : parts) {
+    const uint64_t length = n * sizeof(Event);
+    unsigned char head[9];
+    head[0] = 'E';
+    for (int i = 0; i < 8; ++i) head[1 + i] = static_cast<unsigned char>(length >> (8 * i));
+    iovec iov[2] = {{head, sizeof(head)}, {const_cast<Event*>(events), length}};
+    int at = 0;
+    while (at < 2) {
+      const ssize_t w = ::writev(fd, iov + at, 2 - at);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        return -errno;
+      }
+      size_t left = static_cast<size_t>(w);
+      while (at < 2 && left >= iov[at].iov_len) left -= iov[at++].iov_len;
+      if (at < 2) {
+        iov[at].iov_base = static_cast<char*>(iov[at].iov_base) + left;
+        iov[at].iov_len -= left;
+      }
+    }
+    written += static_cast<int64_t>(n);
+  }
+  return written;
+}
+
+size_t EventStore::max_events() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return options_.max_events;
+}
+
+void EventStore::set_max_events(size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  options_.max_events = n;
 }
 
 void EventStore::clear() {

@@ -182,13 +182,22 @@ class EventStore {
   uint64_t dropped() const;
   // Time of the first event that did not fit (-1 if none): everything after it is incomplete.
   int64_t first_dropped_ns() const;
-  size_t max_events() const { return options_.max_events; }
+  size_t max_events() const;
+  // Lowers (or raises) the bound while the capture runs: a spill that stopped being writable makes the
+  // store keep events in memory again, so it bounds them from there.
+  void set_max_events(size_t n);
   size_t bytes_reserved() const;
   // Copies all events into dst (capacity size() events); returns the count.
   size_t copy_to(Event* dst, size_t capacity) const;
   // Copies events [start, start + count) (clipped to size()) into dst; returns the count. Safe while
   // events are appended (the spill copies what the capture recorded so far).
   size_t copy_range(size_t start, Event* dst, size_t count) const;
+  // Appends events [start, start + count) (clipped to size()) to the file `fd` as spill records
+  // (memprof/spill.py): each the byte 'E', its payload's length (8 bytes, little-endian) and the raw
+  // events of at most one chunk, written from the chunks themselves: no copy, no fresh memory. Returns
+  // the events written, or -errno where a write failed (the records before it are whole). Not with a
+  // ring, whose chunks are freed as it moves (-EINVAL: copy_range instead).
+  int64_t write_records(int fd, size_t start, size_t count) const;
   // Frees the chunks whose events all lie before `n` (the spill has them on disk): the memory a
   // streaming capture holds stays about one chunk. Those events can no longer be copied out.
   void release_before(size_t n);

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from memprof import fileformat
-from memprof._events import KIND_NAMES, SEGMENT_KINDS, CarriedBlock, Kind, device_name
+from memprof._events import KIND_NAMES, SEGMENT_KINDS, CarriedBlock, Kind, device_name, kind_mask
 from memprof.analysis.attribution import AttributionRow, label_timeline
 from memprof.analysis.labels import Labels
 from memprof.analysis.scopes import ScopeIndex
@@ -76,6 +76,7 @@ class Capture:
         self._events: np.ndarray | None = None
         self._info: CaptureInfo | None = None
         self._scopes: ScopeIndex | None = None
+        self._devices: list[str] | None = None  # (the events never change once filled)
         self.saved_to: Path | None = None
         """Where `capture(output=...)` wrote this capture (None: not written by it)."""
 
@@ -155,16 +156,19 @@ class Capture:
     @property
     def devices(self) -> list[str]:
         """Devices in use: with allocations, segments, an OOM or bytes at the start; CPU first."""
+        if self._devices is not None:
+            return list(self._devices)
         raw = self.raw
-        mem = np.isin(raw["kind"], [Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED, Kind.OOM,
-                                    *SEGMENT_KINDS])
+        mem = kind_mask(raw["kind"], [Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED, Kind.OOM,
+                                      *SEGMENT_KINDS])
         codes = np.unique(raw["device_type"][mem].astype(np.int32) * 256 + raw["device_index"][mem].astype(np.int32))
         pairs = {((int(c) + 128) // 256, int(c) - (int(c) + 128) // 256 * 256) for c in codes.tolist()}
         # the CUDA tracker, attached once CUDA initializes, adds an empty baseline for every GPU: a GPU
         # that CUDA initialized on and nothing was allocated on (a CPU model on a GPU machine) is not in use
         names = {device_name(t, i) for t, i in pairs} | {
             d for d, (allocated, reserved) in self.info.baselines.items() if allocated or reserved or d == "cpu"}
-        return sorted(names, key=lambda d: (d != "cpu", d))
+        self._devices = sorted(names, key=lambda d: (d != "cpu", d))
+        return list(self._devices)
 
     @property
     def main_device(self) -> str:

@@ -33,7 +33,11 @@ from memprof.torch_hooks.patch import Patches
 # launch; "graphs" only compiled-graph calls and user record_function regions (much cheaper: aten
 # ops then skip RecordFunction entirely).
 SCOPE_BITS = {"ops": 1 | 2 | 4, "graphs": 4, "none": 0}
-DEFAULT_MAX_EVENTS = 1 << 24  # 16.7 M events, 56 B each; memory is taken in 1.8 MB chunks as needed
+# The bound on stored events where a capture holds them in memory (no output to stream to, or its spill
+# could not be written): 16.7 M events, 56 B each, taken in 1.8 MB chunks as needed. A capture that
+# streams to its spill holds about one chunk whatever it records: no bound unless the user sets one.
+DEFAULT_MAX_EVENTS = 1 << 24
+NO_BOUND = (1 << 63) - 1
 _NO_LAST = (1 << 63) - 1  # a step window without an end
 
 _lock = threading.Lock()
@@ -88,7 +92,8 @@ class Recorder:
         cuda_ready = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
         keep = self.keep
         self.meta.update(environment.devices_at_start(cuda_ready), **environment.distributed_at_start(),
-                         **keep.to_meta(), max_events=self.max_events, scopes=self.scopes, kernel_scopes=self.kernels)
+                         **keep.to_meta(), max_events=_meta_bound(self.max_events), scopes=self.scopes,
+                         kernel_scopes=self.kernels)
         try:
             C.start(self.max_events, SCOPE_BITS[self.scopes], first_step=keep.first, last_step=keep.last or _NO_LAST,
                     keep_last=keep.keep_last)
@@ -152,7 +157,8 @@ class Recorder:
         """Stream what this session records to the claimed spill `path` (`memprof.spill`) until it stops."""
         try:
             self.spill = spill.SpillWriter(fd, path, native(), {**self.meta, **meta, "native_tid": self.native_tid},
-                                           self._recorded, ring=bool(self.keep.keep_last))
+                                           self._recorded, ring=bool(self.keep.keep_last),
+                                           bound_on_failure=DEFAULT_MAX_EVENTS)
         except OSError as exc:
             os.close(fd)
             self.remove_spill(path)
@@ -263,6 +269,7 @@ class Recorder:
         main = [t["index"] for t in threads if t["tid"] == self.native_tid]
         self.meta.update(
             t_stop_ns=int(C.stop_ns()), t_start_ns=int(C.start_ns()), dropped_events=dropped,
+            max_events=_meta_bound(int(C.max_events())),
             first_dropped_ns=int(C.first_dropped_ns()) if dropped else None,
             cpu_threads=C.cpu_all_threads_problem() or "all", dataloader_workers=self.children["dataloader"],
             child_processes=self.children["other"], steps=self.step, main_thread=main[0] if main else None,
@@ -282,6 +289,11 @@ class Recorder:
             return ring_events()
         raw = self.spill.session_events() if self.spill is not None else np.asarray(C.events()).view(EVENT_DTYPE)
         return raw, CarriedBlock.from_native(C.window_context())
+
+
+def _meta_bound(max_events: int) -> int:
+    """`max_events` as the file records it: 0 for no bound."""
+    return 0 if max_events >= NO_BOUND else max_events
 
 
 def _at_exit() -> None:

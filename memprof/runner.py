@@ -290,7 +290,6 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
 
     from memprof.analysis.window import never_opened
     from memprof.errors import SaveError
-    from memprof.recorder import DEFAULT_MAX_EVENTS
     from memprof.session import session
 
     pid = os.getpid()
@@ -314,7 +313,7 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
     guard = SaveGuard()
     try:
         with budget_set, _remat(opts.remat), session(
-                max_events=opts.max_events or DEFAULT_MAX_EVENTS, scopes=opts.scopes, kernels=opts.kernels,
+                max_events=opts.max_events, scopes=opts.scopes, kernels=opts.kernels,
                 meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator, replace_spill=opts.force,
                 keep=opts.keep, overwrite=opts.force, on_fatal=on_fatal, before_marker=opts.before_marker) as cap:
             try:

@@ -148,11 +148,13 @@ class SpillWriter:
     every half second: `memprof.background`).
 
     A spill that cannot be written (a full disk, a read-only directory) is one stderr line and the
-    capture goes on in memory; the job itself never fails over it."""
+    capture goes on in memory, for at most `bound_on_failure` more events (what the spill holds stays
+    there); the job itself never fails over it."""
 
     def __init__(self, fd: int, path: Path, native: Any, meta: dict[str, Any],
-                 recorded: Callable[[], Recorded], ring: bool = False) -> None:
+                 recorded: Callable[[], Recorded], ring: bool = False, bound_on_failure: int = 1 << 24) -> None:
         self.path, self.native, self.recorded, self.ring = path, native, recorded, ring
+        self.bound_on_failure = bound_on_failure
         self.events = self.strings = self.plans = self.graphs = self.tensors = 0
         self.file_start = 0  # the first event (store index) the file holds after its carried ones
         self.pruned = 0  # known tensors were pruned this often when last written
@@ -182,12 +184,23 @@ class SpillWriter:
             try:
                 self._flush()
             except OSError as exc:
-                self.failed = True
-                say(f"memprof: warning: the spill {self.path} could not be written ({exc.strerror or exc}); "
-                    "the capture goes on in memory (a kill would lose it)")
+                more = self._keep_in_memory()
+                say(f"memprof: warning: the spill {self.path} could not be written ({exc.strerror or exc}) after "
+                    f"{self.events:,} events; the capture goes on in memory for at most {more:,} more (a kill would "
+                    "lose those)")
             except Exception as exc:  # never fail the user's job over its spill
-                self.failed = True
-                say(f"memprof: warning: the spill stopped ({one_line(exc)})")
+                more = self._keep_in_memory()
+                say(f"memprof: warning: the spill stopped ({one_line(exc)}) after {self.events:,} events; the capture "
+                    f"goes on in memory for at most {more:,} more")
+
+    def _keep_in_memory(self) -> int:
+        """The spill failed: the store keeps what comes from here on in memory, bounded (events past the
+        bound are counted as dropped, and the capture says where). Returns how many more it keeps."""
+        self.failed = True
+        C = self.native
+        bound = min(int(C.max_events()), int(C.event_count()) + self.bound_on_failure)
+        C.set_max_events(bound)
+        return max(bound - int(C.event_count()), 0)
 
     def _flush(self) -> None:
         C = self.native
@@ -250,15 +263,24 @@ class SpillWriter:
         """Append what was recorded up to event `n`; False when the store no longer holds it."""
         C = self.native
         want = max(n - self.events, 0)
-        data = memoryview(C.events_range(self.events, want)) if want else memoryview(b"")
-        if len(data) != want * EVENT_DTYPE.itemsize:
+        data = memoryview(b"")
+        if self.ring and want:  # (a ring frees chunks as it moves: copied out under the store's lock)
+            data = memoryview(C.events_range(self.events, want))
+            if len(data) != want * EVENT_DTYPE.itemsize:
+                return False
+        elif want and C.released_events() > self.events:
             return False
-        strings = C.strings_from(self.strings)  # read after the events: every id they use is in
-        if strings:  # written before them: a record cut short never leaves events without names
+        # read after the events' count: every id events [.., n) use is in. Written before them: a
+        # record cut short never leaves events without names
+        strings = C.strings_from(self.strings)
+        if strings:
             self._record(b"S", json.dumps(strings).encode())
             self.strings += len(strings)
-        self._events_records(data)
-        written = self.events + len(data) // EVENT_DTYPE.itemsize
+        if self.ring:
+            self._events_records(data)
+        elif want and C.spill_events(self._fd, self.events, want) != want:
+            raise OSError(f"the event store held fewer than the {want:,} events it counted")
+        written = self.events + want
         threads = thread_table()
         if threads != self.threads:
             self._record(b"T", json.dumps(threads).encode())

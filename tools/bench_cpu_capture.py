@@ -1,50 +1,139 @@
-"""What capturing costs per CPU allocation: a loop of `torch.empty(4)` allocations and frees, plain
-and under `memprof.capture()` (scopes none and ops), in rotating rounds in one process. Prints a
-table last: median nanoseconds per allocation-and-free, and the ratio to plain.
+"""What capturing costs on the CPU, as a hostile user measures it: a loop of `torch.empty(4)` allocations
+and frees (4 events per iteration with op scopes: alloc, free, and aten::empty's begin and end), run as
+a plain script and under `memprof trace` in rotating rounds, each run its own process. Then what
+saving and reading the capture cost: the same loop under `memprof.capture(output=...)` (the time and
+memory from the loop's end to the file on disk), and `memprof report` on the capture written.
 
-    python tools/bench_cpu_capture.py --n 200000 --rounds 5
+    python tools/bench_cpu_capture.py --iterations 2000000 --rounds 3
+
+Per run: the loop's own seconds (printed by the script), the whole process's seconds, its peak
+memory (`wait4`), how far its memory rose while the loop ran above where it began (sampled by the
+script every 65,536 iterations), the events the capture kept and dropped. Prints a table last: medians
+and the ratio to plain.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+import zipfile
+from pathlib import Path
 
+SCRIPT = '''\
+import json, os, sys, time
 import torch
 
-import memprof
+PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
-def loop(n: int) -> None:
-    for _ in range(n):
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def loop(n: int) -> dict:
+    start = top = rss()
+    t0 = time.perf_counter()
+    for i in range(n):
         t = torch.empty(4)
         del t
+        if not i & 0xFFFF:
+            top = max(top, rss())
+    return {"loop_s": time.perf_counter() - t0, "rise": max(top, rss()) - start, "end_rss": rss()}
+
+
+n, mode = int(sys.argv[1]), sys.argv[2]
+loop(1000)
+if mode == "api":  # the loop inside memprof.capture(output=...): what the save costs
+    import resource
+    import memprof
+    with memprof.capture(output=sys.argv[3], overwrite=True):
+        out = loop(n)
+        t_end = time.perf_counter()
+    out["save_s"] = time.perf_counter() - t_end
+    out["save_above"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - out["end_rss"]
+else:
+    out = loop(n)
+print("BENCH " + json.dumps(out), flush=True)
+'''
+
+
+def run(cmd: list[str], cwd: Path) -> dict[str, float]:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = proc.stdout.read() if proc.stdout else ""
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    if status != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed (status {status})")
+    line = next(ln for ln in out.splitlines() if ln.startswith("BENCH "))
+    return {**json.loads(line[6:]), "wall_s": wall, "maxrss": usage.ru_maxrss * 1024}
+
+
+def kept(path: Path) -> tuple[int, int]:
+    """(events kept, events dropped) of a saved capture, from its metadata and array header only."""
+    with zipfile.ZipFile(path) as zf:
+        meta = json.loads(zf.read("meta.json"))
+        with zf.open("events.npy") as fh:
+            import numpy as np
+
+            major, _ = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape = read(fh)[0]
+    return int(shape[0]), int(meta.get("dropped_events") or 0)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--n", type=int, default=200_000)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--iterations", type=int, default=2_000_000, help="loop iterations (4 events each)")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    variants = ["plain", "none", "ops"]
-    times: dict[str, list[float]] = {v: [] for v in variants}
-    loop(1000)
-    for r in range(args.rounds):
-        for v in variants[r % len(variants):] + variants[: r % len(variants)]:
+    py, n = sys.executable, str(args.iterations)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "loop.py").write_text(SCRIPT)
+        variants = {
+            "plain": [py, "loop.py", n, "plain"],
+            "trace": [py, "-m", "memprof", "trace", "loop.py", n, "plain", "-o", "t.memprof", "--force"],
+            "trace --scopes none": [py, "-m", "memprof", "trace", "--scopes", "none", "loop.py", n, "plain",
+                                    "-o", "n.memprof", "--force"],
+        }
+        runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
+        names = list(variants)
+        for r in range(args.rounds):
+            for v in names[r % len(names):] + names[: r % len(names)]:
+                runs[v].append(run(variants[v], d))
+        events = {"trace": kept(d / "t.memprof"), "trace --scopes none": kept(d / "n.memprof")}
+        saves = [run([py, "loop.py", n, "api", "a.memprof"], d) for _ in range(args.rounds)]
+        reports = []
+        for _ in range(args.rounds):
             t0 = time.perf_counter()
-            if v == "plain":
-                loop(args.n)
-            else:
-                with memprof.capture(scopes=v):
-                    loop(args.n)
-            times[v].append((time.perf_counter() - t0) * 1e9 / args.n)
-    plain = statistics.median(times["plain"])
-    print(f"memprof {memprof.__file__}")
-    print(f"{'variant':<14} {'ns per alloc+free':>18} {'ratio':>6}")
-    for v in variants:
-        med = statistics.median(times[v])
-        print(f"{'plain' if v == 'plain' else 'scopes=' + v:<14} {med:>18.0f} {med / plain:>6.2f}")
+            proc = subprocess.Popen([py, "-m", "memprof", "report", "t.memprof"], cwd=d, stdout=subprocess.DEVNULL)
+            _, status, usage = os.wait4(proc.pid, 0)
+            reports.append((time.perf_counter() - t0, usage.ru_maxrss * 1024))
+    med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
+    plain = med["plain"]
+    print(f"torch {__import__('torch').__version__}; {args.iterations:,} iterations, {args.rounds} rounds (medians)")
+    print(f"{'variant':<20} {'loop s':>7} {'ratio':>6} {'process s':>9} {'ratio':>6} {'peak MB':>8} "
+          f"{'rise in loop MB':>15} {'events':>11} {'dropped':>8}")
+    for v, m in med.items():
+        kept_n, dropped = events.get(v, (0, 0))
+        print(f"{v:<20} {m['loop_s']:>7.2f} {m['loop_s'] / plain['loop_s']:>6.2f} {m['wall_s']:>9.2f} "
+              f"{m['wall_s'] / plain['wall_s']:>6.2f} {m['maxrss'] / 1e6:>8.0f} {m['rise'] / 1e6:>15.1f} "
+              f"{kept_n if v != 'plain' else 0:>11,} {dropped:>8,}")
+    save_s = statistics.median(s["save_s"] for s in saves)
+    above = statistics.median(s["save_above"] for s in saves)
+    print(f"save (memprof.capture(output=...), loop end to file): {save_s:.2f} s, peak {above / 1e6:.0f} MB above "
+          "the running process")
+    rep_s, rep_rss = statistics.median(r[0] for r in reports), statistics.median(r[1] for r in reports)
+    print(f"memprof report on the trace's capture ({events['trace'][0]:,} events): {rep_s:.2f} s, "
+          f"peak {rep_rss / 1e6:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memprof._events import FLAG_CARRIED, FLAG_UNFOLLOWED_THREAD, SEGMENT_KINDS, Kind, parse_device
+from memprof._events import FLAG_CARRIED, FLAG_UNFOLLOWED_THREAD, SEGMENT_KINDS, Kind, kind_mask, parse_device
 from memprof.analysis.units import round_up_array
 
 _MEMORY_KINDS = np.array([Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED], dtype=np.uint8)
@@ -137,7 +137,7 @@ def build_timeline(
     process saw); where they cannot, each is a problem (`consistency`). `every_thread`: every thread's
     allocations and frees were seen (else an address can come back allocated on the one followed)."""
     on_device = device_mask(raw, device)
-    rows = np.flatnonzero(on_device & np.isin(raw["kind"], _MEMORY_KINDS)).astype(np.int64)
+    rows = np.flatnonzero(on_device & kind_mask(raw["kind"], _MEMORY_KINDS)).astype(np.int64)
     kinds = raw["kind"][rows]
     ptrs = raw["ptr"][rows]
     delta = raw["bytes"][rows].astype(np.int64)
@@ -149,7 +149,7 @@ def build_timeline(
     alloc_of = np.full(n, -1, dtype=np.int64)
     twice = 0  # allocations at an address still live (no real capture has one: `consistency`)
     if n > 1:
-        order = np.lexsort((np.arange(n), ptrs))
+        order = np.argsort(ptrs, kind="stable")  # (by address, then in time)
         same = ptrs[order][1:] == ptrs[order][:-1]
         sorted_alloc = is_alloc[order]
         twice = int((same & sorted_alloc[:-1] & sorted_alloc[1:]).sum())
@@ -167,7 +167,7 @@ def build_timeline(
     allocated = baseline + np.cumsum(delta) if n else np.zeros(0, np.int64)
     problems = consistency(raw, rows, kinds, is_alloc, free_of, alloc_of, allocated,
                            unseen_frees or device != "cpu" or not every_thread, twice if every_thread else 0)
-    seg_rows = np.flatnonzero(on_device & np.isin(raw["kind"], np.array(SEGMENT_KINDS, dtype=np.uint8)))
+    seg_rows = np.flatnonzero(on_device & kind_mask(raw["kind"], SEGMENT_KINDS))
     seg_rows = seg_rows.astype(np.int64)
     reserved = reserved_baseline + np.cumsum(raw["bytes"][seg_rows].astype(np.int64))
     return Timeline(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from memprof._events import FLAG_CARRIED, Kind
+from memprof._events import FLAG_CARRIED, Kind, kind_mask
 from memprof.analysis.units import fmt_bytes
 from memprof.capture_info import CaptureInfo
 
@@ -26,7 +26,7 @@ def window_caveats(info: CaptureInfo, raw: np.ndarray) -> list[str]:
         return [f"EMPTY: {empty}"]
     markers = raw["bytes"][raw["kind"] == Kind.STEP]
     carried = (raw["flags"] & FLAG_CARRIED) != 0
-    blocks = carried & np.isin(raw["kind"], [Kind.ALLOC, Kind.CUDA_ALLOC])
+    blocks = carried & kind_mask(raw["kind"], [Kind.ALLOC, Kind.CUDA_ALLOC])
     out: list[str] = []
     if info.window is not None:
         first, last = info.window

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import memprof
 from memprof._events import Kind
@@ -91,3 +92,57 @@ def test_a_streaming_capture_holds_about_one_chunk_and_loses_nothing(tmp_path: P
     saved = memprof.load(tmp_path / "run.memprof")
     assert np.array_equal(_alloc_sequence(saved), _alloc_sequence(in_ram))
     assert len(saved.raw) == len(streamed.raw) and streamed.peak("cpu") == in_ram.peak("cpu")
+
+
+def test_a_streaming_capture_has_no_event_bound_unless_given_one(tmp_path: Path) -> None:
+    """Streamed to its spill, a capture keeps every event however many (the file records no bound); held
+    in memory it keeps the default bound; an explicit bound is the user's and holds either way."""
+    import torch
+
+    from memprof.recorder import DEFAULT_MAX_EVENTS
+
+    with memprof.capture(output=tmp_path / "streamed.memprof") as streamed:
+        torch.empty(8)
+    with memprof.capture() as in_ram:
+        torch.empty(8)
+    with memprof.capture(output=tmp_path / "bounded.memprof", max_events=500) as bounded:
+        for _ in range(1000):
+            torch.empty(8)
+    assert streamed.info.max_events == 0 and not streamed.dropped
+    assert memprof.load(tmp_path / "streamed.memprof").info.max_events == 0
+    assert in_ram.info.max_events == DEFAULT_MAX_EVENTS
+    assert len(bounded.raw) == 500 and bounded.dropped > 1000 and not bounded.exact
+
+
+def test_a_spill_that_fills_the_disk_bounds_the_store_and_keeps_what_it_wrote(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The spill's disk fills mid-run (its descriptor turned to /dev/full): one warning line says after
+    how many events, the script goes on, the store keeps a bounded number more in memory and counts the
+    rest as dropped, and the saved capture holds every event up to there, in order."""
+    import torch
+
+    from memprof import recorder
+
+    with memprof.capture(output=tmp_path / "run.memprof") as cap:
+        rec = recorder.current()
+        assert rec is not None and rec.spill is not None
+        rec.spill.bound_on_failure = 5000
+        for _ in range(20_000):
+            torch.empty(8)
+        time.sleep(0.6)  # a flush that writes
+        full = os.open("/dev/full", os.O_WRONLY)
+        os.dup2(full, rec.spill._fd)
+        os.close(full)
+        for _ in range(20_000):
+            torch.empty(8)
+        time.sleep(0.6)  # a flush that fails: what the store holds stays, 5000 more may come
+        for _ in range(20_000):
+            torch.empty(8)
+    warning = [line for line in capsys.readouterr().err.splitlines() if "could not be written" in line]
+    assert len(warning) == 1 and "No space left on device" in warning[0], warning
+    written = int(warning[0].split(" after ")[1].split(" events")[0].replace(",", ""))
+    assert written >= 80_000 and cap.dropped > 70_000 and not cap.exact
+    assert len(cap.raw) == cap.info.max_events and 160_000 + 5000 <= len(cap.raw) <= 160_000 + 5000 + 100
+    saved = memprof.load(tmp_path / "run.memprof")
+    assert len(saved.raw) == len(cap.raw) and np.array_equal(saved.raw["t_ns"], cap.raw["t_ns"])
+    assert bool((np.diff(saved.raw["t_ns"]) >= 0).all())
