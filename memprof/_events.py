@@ -92,7 +92,8 @@ def kind_mask(kinds: np.ndarray, wanted: Iterable[int]) -> np.ndarray:
     (np.isin sorts or hashes; on a capture of millions of events that was most of a report's time)."""
     table = np.zeros(256, dtype=bool)
     table[np.asarray(list(wanted), dtype=np.int64)] = True
-    return table[kinds]
+    mask: np.ndarray = table[kinds]
+    return mask
 
 # c10::DeviceType values that memprof names; others print as "type<N>:<index>".
 _DEVICE_TYPE_NAMES = {0: "cpu", 1: "cuda"}

@@ -359,16 +359,16 @@ def load(path: str | os.PathLike[str]) -> Capture:
     the file is missing but the spill of a run that was cut short is beside it (or `path` is the
     spill), the capture is recovered from the spill (`memprof.spill`). A memory snapshot (the pickle
     `torch.cuda.memory._dump_snapshot` writes) is read as a capture of its trace (`memprof.snapshot`)."""
-    from memprof import snapshot, spill
+    from memprof import snapshot, spill, spill_read
 
     p = Path(path)
     left = spill.spill_path(p)
     if p.is_file() and snapshot.is_pickle(p):  # a memory_viz snapshot (`_dump_snapshot`), read as plain data
         parts = snapshot.load(p)
     elif p.suffix == ".spill" and p.is_file():
-        parts = spill.read(p)
+        parts = spill_read.read(p)
     elif not p.exists() and left.is_file():
-        parts = spill.read(left)
+        parts = spill_read.read(left)
     else:
         parts = fileformat.read(p)
     return Capture(raw=parts.raw, strings=parts.strings, meta=parts.meta, threads=parts.threads, plans=parts.plans,

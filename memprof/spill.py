@@ -23,12 +23,9 @@ ring's start: the blocks live there (their carried events), then the ring's own 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import io
 import json
 import os
 import platform
-import struct
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -36,15 +33,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, CarriedBlock, Kind
+from memprof._events import EVENT_DTYPE, CarriedBlock
 from memprof._native import thread_table
 from memprof.console import say
 from memprof.errors import CaptureFileError, MemprofError, one_line
-from memprof.fileformat import Parts, checked, loads_json
+from memprof.spill_read import HEAD, MAGIC, event_count, event_parts, index_records, read_into, try_lock
 
-MAGIC = b"MEMPROF-SPILL 1\n"
 RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
-_HEAD = struct.Struct("<cQ")
 
 
 class Recorded(NamedTuple):
@@ -64,20 +59,11 @@ def spill_path(output: Path) -> Path:
     return output.with_name(output.name + ".spill")
 
 
-def _lock(fd: int) -> bool:
-    """Take the spill's lock for this process (False: another process holds it)."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
-
-
 def _writer_of(path: Path) -> str:
     """Who writes a live spill, from its metadata record: "pid N on HOST" (or "another process")."""
     try:
         with open(path, "rb") as f:
-            records = _index(f, path)
+            records = index_records(f, path)
             kind, at, length = records[0] if records else (b"", 0, 0)
             f.seek(at)
             meta = json.loads(f.read(length)) if kind == b"M" else {}
@@ -95,7 +81,7 @@ def _clear_left(path: Path, replace: bool) -> None:
     except FileNotFoundError:
         return
     try:
-        if not _lock(fd):
+        if not try_lock(fd):
             raise MemprofError(f"{output} is being recorded now by another memprof ({_writer_of(path)}, which "
                                f"holds {path.name}): give this run another output")
         if not replace:
@@ -116,11 +102,11 @@ def claim(path: Path, replace: bool = False) -> int:
     spill that can be seen is always locked by its writer and names it (two runs starting at once
     cannot both think the other's was left behind)."""
     who = json.dumps({"pid": os.getpid(), "hostname": platform.node()}).encode()
-    head = MAGIC + _HEAD.pack(b"M", len(who)) + who
+    head = MAGIC + HEAD.pack(b"M", len(who)) + who
     tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
-        _lock(fd)
+        try_lock(fd)
         os.write(fd, head)
         while True:
             try:
@@ -132,7 +118,7 @@ def claim(path: Path, replace: bool = False) -> int:
                 new = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
                 os.close(fd)
                 fd = new
-                _lock(fd)
+                try_lock(fd)
                 os.write(fd, head)
                 return fd
     except BaseException:
@@ -173,7 +159,7 @@ class SpillWriter:
             view = view[os.write(self._fd, view):]
 
     def _record(self, kind: bytes, payload: bytes | memoryview) -> None:
-        self._write(_HEAD.pack(kind, len(payload)))
+        self._write(HEAD.pack(kind, len(payload)))
         self._write(payload)  # (not joined to the head: no copy of a large payload)
 
     def flush(self) -> None:
@@ -231,7 +217,7 @@ class SpillWriter:
         old, self._fd = self._fd, os.open(new, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         kept = (self.events, self.strings, self.plans, self.graphs, self.tensors, self.threads, self.file_start)
         try:
-            _lock(self._fd)  # the file that takes the spill's name is this process's too
+            try_lock(self._fd)  # the file that takes the spill's name is this process's too
             self._write(MAGIC)
             self._record(b"M", self._meta)
             self.strings = self.plans = self.graphs = self.tensors = 0
@@ -313,10 +299,10 @@ class SpillWriter:
         if not C.released_events():
             return np.asarray(C.events()).view(EVENT_DTYPE)
         with open(self.path, "rb") as f:
-            parts = _event_parts(_index(f, self.path))
-            head = min(_event_count(parts), self.events)
+            parts = event_parts(index_records(f, self.path))
+            head = min(event_count(parts), self.events)
             out = np.empty(max(int(C.event_count()), head), dtype=EVENT_DTYPE)
-            _read_into(f, out, parts, head)
+            read_into(f, out, parts, head)
         if len(out) > head:
             out[head:] = np.asarray(C.events_range(head, len(out) - head)).view(EVENT_DTYPE)
         return out
@@ -326,94 +312,3 @@ class SpillWriter:
         with the descriptor: a spill is written from here on only to be removed."""
         self.flush()
         os.close(self._fd)
-
-
-Record = tuple[bytes, int, int]  # type, payload offset, payload length
-
-
-def _index(f: io.BufferedReader, path: Path) -> list[Record]:
-    """The spill's records, up to the one a kill cut short (headers read, payloads skipped)."""
-    if f.read(len(MAGIC)) != MAGIC:
-        raise CaptureFileError(f"{path}: not a memprof spill")
-    size, out = os.fstat(f.fileno()).st_size, []
-    while len(head := f.read(_HEAD.size)) == _HEAD.size:
-        kind, length = _HEAD.unpack(head)
-        at = f.tell()
-        if at + length > size:
-            break  # the record a kill cut short
-        out.append((kind, at, length))
-        f.seek(length, os.SEEK_CUR)
-    return out
-
-
-def _event_parts(records: list[Record]) -> list[tuple[int, int]]:
-    """The E records' payloads (offset, length), in order, each without a torn tail."""
-    size = EVENT_DTYPE.itemsize
-    return [(at, n - n % size) for kind, at, n in records if kind == b"E"]
-
-
-def _event_count(parts: list[tuple[int, int]]) -> int:
-    return sum(n for _at, n in parts) // EVENT_DTYPE.itemsize
-
-
-def _read_into(f: io.BufferedReader, out: np.ndarray, parts: list[tuple[int, int]], n: int) -> None:
-    """Read the first `n` events of `parts` straight into the start of `out`."""
-    flat, at, end = memoryview(out.view(np.uint8)), 0, n * EVENT_DTYPE.itemsize  # type: ignore[arg-type]
-    for offset, length in parts:
-        take = min(length, end - at)
-        if take <= 0:
-            break
-        f.seek(offset)
-        if f.readinto(flat[at : at + take]) != take:
-            raise CaptureFileError(f"{f.name}: the spill changed while it was read")
-        at += take
-
-
-def read(path: Path) -> Parts:
-    """The capture a spill holds, marked as cut short (`Capture.caveats` says what was lost), or as
-    still running where its writer holds it."""
-    try:
-        with open(path, "rb") as f:
-            live = not _lock(f.fileno())
-            return _parts(f, _index(f, path), path, live)
-    except OSError as exc:
-        raise CaptureFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
-
-
-def _parts(f: io.BufferedReader, records: list[Record], path: Path, live: bool = False) -> Parts:
-    meta: dict[str, Any] = {}
-    strings: list[Any] = []
-    threads: Any = []
-    doc: dict[str, list[Any]] = {"plans": [], "graphs": [], "tensors": []}
-    carried: Any = []
-    sources: dict[str, str] = {}
-    for kind, at, length in records:
-        if kind == b"E":
-            continue
-        f.seek(at)
-        value = loads_json(f.read(length), f"spill record {kind.decode(errors='replace')}", path)
-        if kind == b"M" and isinstance(value, dict):
-            meta = value
-        elif kind == b"S" and isinstance(value, list):
-            strings += value
-        elif kind == b"T":
-            threads = value
-        elif kind == b"C":
-            carried = value
-        elif kind == b"P" and isinstance(value, dict):
-            for src in value.get("sources", []):
-                sources[f"wrappers/{len(sources)}.py"] = str(src)
-            for key in doc:
-                doc[key] += list(value.get(key, []))
-    parts = _event_parts(records)
-    raw = np.empty(_event_count(parts), dtype=EVENT_DTYPE)
-    _read_into(f, raw, parts, len(raw))
-    last = int(raw["t_ns"].max()) if len(raw) else int(meta.get("t_start_ns") or 0)
-    markers = raw["bytes"][raw["kind"] == Kind.STEP]
-    meta.update(status="running" if live else "cut short", recovered_from=str(path), t_stop_ns=last,
-                path=str(path), steps=int(markers.max()) if len(markers) else 0)
-    main = [t.get("index") for t in threads if isinstance(t, dict) and t.get("tid") == meta.get("native_tid")]
-    if not main and len(raw):  # no thread table written yet: the capture starts on its own thread
-        main = [int(raw["thread"][0])]
-    meta.setdefault("main_thread", main[0] if main else None)
-    return checked(raw, strings, meta, threads, doc, sources, path, carried)

@@ -116,6 +116,8 @@ def main() -> None:
             t0 = time.perf_counter()
             proc = subprocess.Popen([py, "-m", "memprof", "report", "t.memprof"], cwd=d, stdout=subprocess.DEVNULL)
             _, status, usage = os.wait4(proc.pid, 0)
+            if status != 0:
+                raise SystemExit(f"memprof report failed (status {status})")
             reports.append((time.perf_counter() - t0, usage.ru_maxrss * 1024))
     med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
     plain = med["plain"]

@@ -1,0 +1,121 @@
+"""Reading a spill (`memprof.spill` writes them): its records, its events, and the capture it holds
+when its run was cut short (`read`)."""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memprof._events import EVENT_DTYPE, Kind
+from memprof.errors import CaptureFileError
+from memprof.fileformat import Parts, checked, loads_json
+
+MAGIC = b"MEMPROF-SPILL 1\n"
+HEAD = struct.Struct("<cQ")  # a record's type byte and its payload's length
+
+
+def try_lock(fd: int) -> bool:
+    """Take the spill's lock for this process (False: another process holds it)."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+Record = tuple[bytes, int, int]  # type, payload offset, payload length
+
+
+def index_records(f: io.BufferedReader, path: Path) -> list[Record]:
+    """The spill's records, up to the one a kill cut short (headers read, payloads skipped)."""
+    if f.read(len(MAGIC)) != MAGIC:
+        raise CaptureFileError(f"{path}: not a memprof spill")
+    size, out = os.fstat(f.fileno()).st_size, []
+    while len(head := f.read(HEAD.size)) == HEAD.size:
+        kind, length = HEAD.unpack(head)
+        at = f.tell()
+        if at + length > size:
+            break  # the record a kill cut short
+        out.append((kind, at, length))
+        f.seek(length, os.SEEK_CUR)
+    return out
+
+
+def event_parts(records: list[Record]) -> list[tuple[int, int]]:
+    """The E records' payloads (offset, length), in order, each without a torn tail."""
+    size = EVENT_DTYPE.itemsize
+    return [(at, n - n % size) for kind, at, n in records if kind == b"E"]
+
+
+def event_count(parts: list[tuple[int, int]]) -> int:
+    return sum(n for _at, n in parts) // EVENT_DTYPE.itemsize
+
+
+def read_into(f: io.BufferedReader, out: np.ndarray, parts: list[tuple[int, int]], n: int) -> None:
+    """Read the first `n` events of `parts` straight into the start of `out`."""
+    flat, at, end = memoryview(out.view(np.uint8)), 0, n * EVENT_DTYPE.itemsize  # type: ignore[arg-type]
+    for offset, length in parts:
+        take = min(length, end - at)
+        if take <= 0:
+            break
+        f.seek(offset)
+        if f.readinto(flat[at : at + take]) != take:
+            raise CaptureFileError(f"{f.name}: the spill changed while it was read")
+        at += take
+
+
+def read(path: Path) -> Parts:
+    """The capture a spill holds, marked as cut short (`Capture.caveats` says what was lost), or as
+    still running where its writer holds it."""
+    try:
+        with open(path, "rb") as f:
+            live = not try_lock(f.fileno())
+            return _parts(f, index_records(f, path), path, live)
+    except OSError as exc:
+        raise CaptureFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _parts(f: io.BufferedReader, records: list[Record], path: Path, live: bool = False) -> Parts:
+    meta: dict[str, Any] = {}
+    strings: list[Any] = []
+    threads: Any = []
+    doc: dict[str, list[Any]] = {"plans": [], "graphs": [], "tensors": []}
+    carried: Any = []
+    sources: dict[str, str] = {}
+    for kind, at, length in records:
+        if kind == b"E":
+            continue
+        f.seek(at)
+        value = loads_json(f.read(length), f"spill record {kind.decode(errors='replace')}", path)
+        if kind == b"M" and isinstance(value, dict):
+            meta = value
+        elif kind == b"S" and isinstance(value, list):
+            strings += value
+        elif kind == b"T":
+            threads = value
+        elif kind == b"C":
+            carried = value
+        elif kind == b"P" and isinstance(value, dict):
+            for src in value.get("sources", []):
+                sources[f"wrappers/{len(sources)}.py"] = str(src)
+            for key in doc:
+                doc[key] += list(value.get(key, []))
+    parts = event_parts(records)
+    raw = np.empty(event_count(parts), dtype=EVENT_DTYPE)
+    read_into(f, raw, parts, len(raw))
+    last = int(raw["t_ns"].max()) if len(raw) else int(meta.get("t_start_ns") or 0)
+    markers = raw["bytes"][raw["kind"] == Kind.STEP]
+    meta.update(status="running" if live else "cut short", recovered_from=str(path), t_stop_ns=last,
+                path=str(path), steps=int(markers.max()) if len(markers) else 0)
+    main = [t.get("index") for t in threads if isinstance(t, dict) and t.get("tid") == meta.get("native_tid")]
+    if not main and len(raw):  # no thread table written yet: the capture starts on its own thread
+        main = [int(raw["thread"][0])]
+    meta.setdefault("main_thread", main[0] if main else None)
+    return checked(raw, strings, meta, threads, doc, sources, path, carried)
