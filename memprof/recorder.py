@@ -35,7 +35,8 @@ from memprof.torch_hooks.patch import Patches
 SCOPE_BITS = {"ops": 1 | 2 | 4, "graphs": 4, "none": 0}
 # The bound on stored events where a capture holds them in memory (no output to stream to, or its spill
 # could not be written): 16.7 M events, 56 B each, taken in 1.8 MB chunks as needed. A capture that
-# streams to its spill holds about one chunk whatever it records: no bound unless the user sets one.
+# streams to its spill holds what half a second records, however long it runs: no bound unless the
+# user sets one.
 DEFAULT_MAX_EVENTS = 1 << 24
 NO_BOUND = (1 << 63) - 1
 _NO_LAST = (1 << 63) - 1  # a step window without an end

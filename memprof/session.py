@@ -154,7 +154,7 @@ def capture(*, max_events: int | None = None, scopes: str = "ops", kernels: bool
     AOTAutograd's and Inductor's FX graph caches hold memprof's own entries meanwhile) for
     `Capture.attribution`. `max_events` bounds the events stored (the rest are counted as dropped and
     the capture says it is incomplete); by default there is no bound where the capture streams to
-    `output` (its spill holds the events, memory stays about one 1.8 MB chunk), and 16.7 M events
+    `output` (its spill holds the events; memory holds what half a second records), and 16.7 M events
     (940 MB) where it is held in memory. The yielded `Capture` is filled when the block exits, also when it exits
     by an exception. With `output`, it is also
     saved there (atomically) however the block exits: an exception, an OOM, `sys.exit` or Ctrl-C; a
