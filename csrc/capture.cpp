@@ -1,4 +1,5 @@
 #include "capture.h"
+#include "signals.h"
 
 #include <ATen/record_function.h>
 #include <c10/core/Allocator.h>
@@ -469,6 +470,7 @@ void start_capture(const CaptureOptions& options) {
   Session* previous = g_last.exchange(s);
   if (previous != nullptr) previous->store.clear();
   s->t_start = now_ns();
+  s->store.set_chunk_hook(&wake_waiter);  // the capture's thread writes the spill (when it has one)
   s->cpu_wrapper_problem = install_cpu_wrapper();
   s->cpu_wrapped.store(s->cpu_wrapper_problem.empty(), std::memory_order_relaxed);
   g_active.store(s, std::memory_order_release);

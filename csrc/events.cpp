@@ -196,7 +196,10 @@ void EventStore::push(const Event& e) {
     return;
   }
   const size_t offset = size_ % kChunkEvents;
-  if (offset == 0) chunks_.emplace_back(new Event[kChunkEvents]);
+  if (offset == 0) {
+    chunks_.emplace_back(new Event[kChunkEvents]);
+    if (chunk_hook_ != nullptr && chunks_.size() - released_ / kChunkEvents > kFlushChunks) chunk_hook_();
+  }
   chunks_.back()[offset] = e;
   ++size_;
 }
@@ -383,6 +386,11 @@ size_t EventStore::max_events() const {
 void EventStore::set_max_events(size_t n) {
   std::lock_guard<std::mutex> lock(mu_);
   options_.max_events = n;
+}
+
+void EventStore::set_chunk_hook(void (*hook)()) {
+  std::lock_guard<std::mutex> lock(mu_);
+  chunk_hook_ = hook;
 }
 
 void EventStore::clear() {

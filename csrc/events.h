@@ -159,7 +159,10 @@ struct StoreOptions {
 // when max_events is reached, further events are counted as dropped.
 class EventStore {
  public:
-  static constexpr size_t kChunkEvents = size_t(1) << 15;  // 1.5 MiB chunks
+  static constexpr size_t kChunkEvents = size_t(1) << 15;  // 1.75 MiB chunks
+  // Chunks held in memory past which each new one calls the chunk hook (the spill is written then,
+  // not only every half second: a capture streaming millions of events a second stays near this)
+  static constexpr size_t kFlushChunks = 8;
 
   explicit EventStore(size_t max_events) : EventStore(StoreOptions{max_events}) {}
   explicit EventStore(const StoreOptions& options);
@@ -186,6 +189,9 @@ class EventStore {
   // Lowers (or raises) the bound while the capture runs: a spill that stopped being writable makes the
   // store keep events in memory again, so it bounds them from there.
   void set_max_events(size_t n);
+  // Called (with the store's lock held: it must not touch the store) when a new chunk makes more than
+  // kFlushChunks held in memory.
+  void set_chunk_hook(void (*hook)());
   size_t bytes_reserved() const;
   // Copies all events into dst (capacity size() events); returns the count.
   size_t copy_to(Event* dst, size_t capacity) const;
@@ -227,6 +233,7 @@ class EventStore {
   size_t ring_start_ = 0;
   bool ring_moved_ = false;
   std::vector<std::unique_ptr<Event[]>> chunks_;
+  void (*chunk_hook_)() = nullptr;
   size_t size_ = 0;
   size_t released_ = 0;  // events in freed chunks (a multiple of kChunkEvents)
   uint64_t dropped_ = 0;

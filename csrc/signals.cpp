@@ -28,6 +28,7 @@ std::condition_variable* g_cv = new std::condition_variable();
 int g_pending = 0;     // a fatal signal waiting to be taken by wait_fatal_signal
 bool g_ending = false;  // one was taken: the process is ending (the capture is being saved)
 bool g_given_back = false;
+std::atomic<bool> g_wake{false};  // wake_waiter() was called since the waiter last returned
 bool g_watching = false;
 std::atomic<bool> g_hold{false};
 std::atomic<void (*)()> g_hold_hook{nullptr};
@@ -159,13 +160,21 @@ void give_back_fatal_signals() {
 
 int wait_fatal_signal(int64_t timeout_ms) {
   std::unique_lock<std::mutex> lock(*g_mu);
-  const bool woken = g_cv->wait_for(lock, std::chrono::milliseconds(timeout_ms),
-                                    [] { return (g_pending != 0 && !g_ending) || g_given_back; });
+  const bool woken = g_cv->wait_for(lock, std::chrono::milliseconds(timeout_ms), [] {
+    return (g_pending != 0 && !g_ending) || g_given_back || g_wake.load();
+  });
+  g_wake.store(false);
   if (!woken) return 0;
-  if (g_pending == 0 || g_ending) return -1;
-  g_ending = true;
-  g_cv->notify_all();
-  return g_pending;
+  if (g_pending != 0 && !g_ending) {
+    g_ending = true;
+    g_cv->notify_all();
+    return g_pending;
+  }
+  return g_given_back ? -1 : 0;  // (else woken by wake_waiter: as at the timeout)
+}
+
+void wake_waiter() {
+  if (!g_wake.exchange(true)) g_cv->notify_all();
 }
 
 void set_hold_hook(void (*hook)()) { g_hold_hook = hook; }

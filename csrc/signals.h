@@ -23,6 +23,10 @@ void give_back_fatal_signals();
 // were given back. The first one returned is acknowledged: from then on the process is ending and
 // further fatal signals only print that the capture is being saved.
 int wait_fatal_signal(int64_t timeout_ms);
+// Wakes wait_fatal_signal early: it returns 0, as at its timeout (the event store asks the capture's
+// thread to write the spill once it holds kFlushChunks chunks). Safe from any thread and cheap when
+// repeated; a wake-up the waiter misses (it was not waiting yet) only waits for the timeout.
+void wake_waiter();
 // What the handler calls to hold the main thread (set once, by bindings.cpp), and whether a hold it
 // asked for is still wanted when it runs (the signals may have been given back meanwhile).
 void set_hold_hook(void (*hook)());

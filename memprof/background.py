@@ -10,7 +10,9 @@ from memprof._native import native
 from memprof.console import say
 from memprof.errors import one_line
 
-INTERVAL_S = 0.5  # the spill is appended to this often: a kill loses at most about this much
+# the spill is appended to at least this often (a kill loses at most about this much), and sooner when
+# the native store holds more than 8 chunks (it wakes this thread)
+INTERVAL_S = 0.5
 # signals whose default action kills the process: caught (at the OS level only) to save the capture first
 FATAL_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
 

@@ -60,6 +60,7 @@ class Capture:
         carried: list[CarriedBlock] | None = None,
     ) -> None:
         self._raw = raw
+        self._source: fileformat.EventSource | None = None  # the events, not read yet (`set_recorded`)
         self.plans: list[Plan] = plans if plans is not None else []
         """One entry per compiled forward/backward pair (budget, saved, recomputed, random ops)."""
         self.graphs: list[CompiledGraph] = graphs if graphs is not None else []
@@ -80,18 +81,22 @@ class Capture:
         self.saved_to: Path | None = None
         """Where `capture(output=...)` wrote this capture (None: not written by it)."""
 
-    def set_recorded(self, raw: np.ndarray, strings: list[str], meta: dict[str, Any], threads: list[dict[str, Any]],
+    def set_recorded(self, raw: np.ndarray | fileformat.EventSource, strings: list[str], meta: dict[str, Any],
+                     threads: list[dict[str, Any]],
                      plans: list[Plan], graphs: list[CompiledGraph], tensors: list[KnownTensor],
                      carried: list[CarriedBlock] | None = None) -> None:
         """Fill a capture that was recording (the recorder calls this once, when it stops);
         metadata already set on the capture wins over the recorder's."""
-        if self._raw is not None:
+        if not self.recording:
             raise MemprofError("this capture is already filled")
         self.meta.update({**meta, **self.meta})
         self.strings, self.threads = strings, threads
         self.plans, self.graphs, self.tensors = plans, graphs, tensors
         self.carried = list(carried or [])
-        self._raw = raw
+        if isinstance(raw, np.ndarray):
+            self._raw = raw
+        else:  # (a spill's events: saved from where they lie, read into memory at the first use)
+            self._source = raw
         self._info = None
 
     def note_outcome(self, status: str, exit_code: int | None, error: str | None) -> None:
@@ -106,7 +111,7 @@ class Capture:
     def info(self) -> CaptureInfo:
         """The metadata the analysis uses, typed (read from `meta` once the capture is filled)."""
         if self._info is None:
-            if self._raw is None:
+            if self.recording:
                 return CaptureInfo.from_meta(self.meta)
             self._info = CaptureInfo.from_meta(self.meta)
         return self._info
@@ -114,13 +119,15 @@ class Capture:
     @property
     def raw(self) -> np.ndarray:
         """The events as stored (numeric columns; `scope` indexes `strings`)."""
+        if self._raw is None and self._source is not None:
+            self._raw, self._source = self._source.read(), None
         if self._raw is None:
             raise MemprofError("the capture is still running; its events are available after it stops")
         return self._raw
 
     @property
     def recording(self) -> bool:
-        return self._raw is None
+        return self._raw is None and self._source is None
 
     @property
     def events(self) -> np.ndarray:
@@ -343,7 +350,8 @@ class Capture:
     def save(self, path: str | os.PathLike[str], overwrite: bool = True) -> Path:
         """Write the capture to a .memprof file (atomically); returns the path. Without `overwrite`, an
         existing file is kept (FileExistsError)."""
-        parts = fileformat.Parts(self.raw, self.strings, self.meta, self.threads, self.plans, self.graphs,
+        events = self._source if self._raw is None and self._source is not None else self.raw
+        parts = fileformat.Parts(events, self.strings, self.meta, self.threads, self.plans, self.graphs,
                                  self.tensors, self.carried)
         return fileformat.save(parts, Path(path), overwrite)
 
@@ -371,5 +379,6 @@ def load(path: str | os.PathLike[str]) -> Capture:
         parts = spill_read.read(left)
     else:
         parts = fileformat.read(p)
-    return Capture(raw=parts.raw, strings=parts.strings, meta=parts.meta, threads=parts.threads, plans=parts.plans,
+    raw = parts.raw if isinstance(parts.raw, np.ndarray) else parts.raw.read()
+    return Capture(raw=raw, strings=parts.strings, meta=parts.meta, threads=parts.threads, plans=parts.plans,
                    graphs=parts.graphs, tensors=parts.tensors, carried=parts.carried)

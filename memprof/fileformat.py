@@ -18,8 +18,9 @@ import json
 import os
 import zipfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import IO, Any, NamedTuple, Protocol
 
 import numpy as np
 
@@ -34,10 +35,22 @@ FORMAT_NAME = "memprof"
 FORMAT_VERSION = 2  # 2: plans.json and wrappers/ (version 1 files still load)
 
 
-class Parts(NamedTuple):
-    """What a .memprof file holds (`memprof.capture.Capture` is built from these)."""
+class EventSource(Protocol):
+    """Events not read into memory yet (a stopped session's spill, `memprof.spill_read.SpilledEvents`):
+    `chunks` streams them in order, `read` makes the one array."""
 
-    raw: np.ndarray
+    def __len__(self) -> int: ...
+
+    def chunks(self) -> Iterator[np.ndarray]: ...
+
+    def read(self) -> np.ndarray: ...
+
+
+class Parts(NamedTuple):
+    """What a .memprof file holds (`memprof.capture.Capture` is built from these; a capture being saved
+    may give its events as an `EventSource`, written a chunk at a time)."""
+
+    raw: np.ndarray | EventSource
     strings: list[str]
     meta: dict[str, Any]
     threads: list[dict[str, Any]]
@@ -51,14 +64,14 @@ def save(cap: Parts, path: Path, overwrite: bool = True) -> Path:
     """Write a capture's parts to `path` atomically (a temporary file moved into place,
     `outputs.atomic_write`; without `overwrite`, a file at `path` is kept: FileExistsError)."""
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **conform(cap.meta)}
-    raw = np.ascontiguousarray(cap.raw)
+    raw = np.ascontiguousarray(cap.raw) if isinstance(cap.raw, np.ndarray) else cap.raw
 
     def write(fh: IO[bytes]) -> None:
         with zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
             zf.writestr("meta.json", json.dumps(meta, indent=1, default=str))
-            # streamed into the member in numpy's chunks: no second copy of the events in memory
+            # streamed into the member in numpy's chunks, or the source's: no second copy of the events
             with zf.open("events.npy", "w", force_zip64=True) as member:
-                np.lib.format.write_array(member, raw, allow_pickle=False)
+                _write_events(member, raw)
             zf.writestr("strings.json", json.dumps(cap.strings))
             zf.writestr("threads.json", json.dumps(cap.threads))
             zf.writestr("plans.json", json.dumps({
@@ -72,6 +85,21 @@ def save(cap: Parts, path: Path, overwrite: bool = True) -> Path:
                 zf.writestr("carried.json", json.dumps([b.to_json() for b in cap.carried], separators=(",", ":")))
 
     return atomic_write(path, write, overwrite)
+
+
+def _write_events(member: IO[bytes], raw: np.ndarray | EventSource) -> None:
+    """events.npy: an array as numpy writes it, or a source's chunks after the header numpy would write."""
+    if isinstance(raw, np.ndarray):
+        np.lib.format.write_array(member, raw, allow_pickle=False)
+        return
+    header = np.lib.format.header_data_from_array_1_0(np.empty(0, dtype=EVENT_DTYPE))
+    np.lib.format.write_array_header_1_0(member, {**header, "shape": (len(raw),)})
+    written = 0
+    for chunk in raw.chunks():
+        member.write(np.ascontiguousarray(chunk).view(np.uint8).data)
+        written += len(chunk)
+    if written != len(raw):
+        raise OSError(f"the events source gave {written:,} events of the {len(raw):,} it holds")
 
 
 # Members are decompressed only up to their declared size, and that is checked first against the

@@ -25,6 +25,7 @@ from memprof.capture import Capture
 from memprof.capture_info import Keep
 from memprof.console import say
 from memprof.errors import MemprofError, one_line
+from memprof.fileformat import EventSource
 from memprof.torch_hooks import runtime
 from memprof.torch_hooks.patch import Patches
 
@@ -282,9 +283,10 @@ class Recorder:
         self.cap.set_recorded(raw, strings, self.meta, threads, list(rec.plans) if rec else [],
                               list(rec.graphs) if rec else [], list(rec.tensors) if rec else [], carried)
 
-    def _events(self) -> tuple[np.ndarray, list[CarriedBlock]]:
+    def _events(self) -> tuple[np.ndarray | EventSource, list[CarriedBlock]]:
         """Every event and where the carried blocks were allocated: the ring's (what was carried into it,
-        then its own), or what the spill holds (the store freed it) and the store's tail, or the store's."""
+        then its own), or the spill's and the store's tail where the store freed some (read when first used),
+        or the store's."""
         C = native()
         if self.keep.keep_last:
             return ring_events()

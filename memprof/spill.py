@@ -1,15 +1,15 @@
-"""The spill: what a running capture has recorded, appended every half second to a file beside its
-output (`<output>.spill`), so that `kill -9`, `os._exit` or a machine crash loses at most the last
-interval. A capture that is saved normally removes its spill; `memprof.load(OUTPUT)` recovers one
-that was left behind.
+"""The spill: what a running capture has recorded, appended every half second (and whenever the
+native store holds more than 8 chunks, 14 MB) to a file beside its output (`<output>.spill`), so
+that `kill -9`, `os._exit` or a machine crash loses at most the last interval. A capture that is
+saved normally removes its spill; `memprof.load(OUTPUT)` recovers one that was left behind.
 
 The file: `MAGIC`, then records of one type byte, an 8-byte little-endian length and the payload:
 `M` the capture's metadata at its start (JSON), `E` events (raw `EVENT_DTYPE` records, in order),
 `S` strings (JSON list: the next ids), `T` the thread table (JSON), `P` compile plans, graphs
 (with their wrapper source) and known tensors recorded since the last `P` (JSON), `C` where the
 blocks carried into a step window or a ring were allocated (JSON, `CarriedBlock`s; the last one
-holds). A record the kill cut short is ignored. Each write is flushed and fsynced: a machine crash
-keeps what was written before the last interval.
+holds). A record the kill cut short is ignored. The file is fsynced at least every half second: a
+machine crash keeps what was written before the last interval.
 
 A spill is locked (`flock`) by the process that writes it, for as long as that process lives: a
 second run with the same output is refused while the first one runs, even with --force, and a
@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,9 +38,10 @@ from memprof._events import EVENT_DTYPE, CarriedBlock
 from memprof._native import thread_table
 from memprof.console import say
 from memprof.errors import CaptureFileError, MemprofError, one_line
-from memprof.spill_read import HEAD, MAGIC, event_count, event_parts, index_records, read_into, try_lock
+from memprof.spill_read import HEAD, MAGIC, SpilledEvents, index_records, try_lock
 
 RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
+SYNC_EVERY_S = 0.5  # the file is fsynced at most this often (it is written whenever the store fills)
 
 
 class Recorded(NamedTuple):
@@ -131,7 +133,7 @@ def claim(path: Path, replace: bool = False) -> int:
 
 class SpillWriter:
     """Copies what the native session records to the spill (`flush`, called by the capture's thread
-    every half second: `memprof.background`).
+    every half second and when the native store fills: `memprof.background`).
 
     A spill that cannot be written (a full disk, a read-only directory) is one stderr line and the
     capture goes on in memory, for at most `bound_on_failure` more events (what the spill holds stays
@@ -148,6 +150,7 @@ class SpillWriter:
         self._compiled: tuple[tuple[int, ...], bytes] = ((), b"")
         self.threads: list[dict[str, object]] = []
         self.failed = False
+        self._synced = time.monotonic()
         self._lock = threading.Lock()
         self._meta = json.dumps(meta, default=str).encode()
         self._fd = fd  # (`claim` wrote the magic and who writes the spill: the capture's metadata follows)
@@ -286,29 +289,29 @@ class SpillWriter:
             self._record(b"P", json.dumps(doc, separators=(",", ":")).encode())
             self.tensors = len(tensors)
         self.pruned = pruned
-        os.fsync(self._fd)
+        if time.monotonic() - self._synced >= SYNC_EVERY_S:  # (written more often when the store fills)
+            os.fsync(self._fd)
+            self._synced = time.monotonic()
         # on disk now: the native store may free them (its memory stays about one chunk)
         self.events = written
         C.release_events_before(written)
         return True
 
-    def session_events(self) -> np.ndarray:
-        """Every event of the session once it stopped: read back from the spill (the native store
-        freed those) and the rest from the store, each read once, into the array returned."""
+    def session_events(self) -> np.ndarray | SpilledEvents:
+        """Every event of the session once it stopped: where the native store freed some (the spill
+        holds those), the spill's events where they lie and the store's tail copied
+        (`SpilledEvents`: saved by streaming, read into memory only when the analysis asks);
+        else the store's, in one array."""
         C = self.native
         if not C.released_events():
             return np.asarray(C.events()).view(EVENT_DTYPE)
-        with open(self.path, "rb") as f:
-            parts = event_parts(index_records(f, self.path))
-            head = min(event_count(parts), self.events)
-            out = np.empty(max(int(C.event_count()), head), dtype=EVENT_DTYPE)
-            read_into(f, out, parts, head)
-        if len(out) > head:
-            out[head:] = np.asarray(C.events_range(head, len(out) - head)).view(EVENT_DTYPE)
-        return out
+        tail = np.asarray(C.events_range(self.events, max(int(C.event_count()) - self.events, 0))).view(EVENT_DTYPE)
+        return SpilledEvents(self.path, self.events, tail)
 
     def close(self) -> None:
         """Write what is left and close the file (it stays until the capture is saved). The lock goes
         with the descriptor: a spill is written from here on only to be removed."""
         self.flush()
+        with contextlib.suppress(OSError):
+            os.fsync(self._fd)
         os.close(self._fd)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,58 @@ def read_into(f: io.BufferedReader, out: np.ndarray, parts: list[tuple[int, int]
         if f.readinto(flat[at : at + take]) != take:
             raise CaptureFileError(f"{f.name}: the spill changed while it was read")
         at += take
+
+
+class SpilledEvents:
+    """A stopped session's events where they lie: the spill's event records, read through a descriptor
+    held open (the spill can be removed meanwhile: its data stays until this closes), then `tail`,
+    the events the store recorded after the last write. `chunks` streams them a record at a time (the
+    capture file is written from them with memory bounded by one record); `read` makes the one array
+    the analysis needs, once."""
+
+    def __init__(self, path: Path, written: int, tail: np.ndarray) -> None:
+        self._f: io.BufferedReader | None = open(path, "rb")  # noqa: SIM115  (held open on purpose)
+        self._parts = event_parts(index_records(self._f, path))
+        self.head = min(event_count(self._parts), written)
+        self.tail = tail
+
+    def __len__(self) -> int:
+        return self.head + len(self.tail)
+
+    def _file(self) -> io.BufferedReader:
+        if self._f is None:
+            raise CaptureFileError("the spilled events were read already")
+        return self._f
+
+    def chunks(self) -> Iterator[np.ndarray]:
+        f, left = self._file(), self.head
+        for offset, length in self._parts:
+            take = min(length // EVENT_DTYPE.itemsize, left)
+            if take <= 0:
+                break
+            out = np.empty(take, dtype=EVENT_DTYPE)
+            read_into(f, out, [(offset, take * EVENT_DTYPE.itemsize)], take)
+            left -= take
+            yield out
+        if len(self.tail):
+            yield self.tail
+
+    def read(self) -> np.ndarray:
+        """Every event in one array; the descriptor is closed."""
+        f = self._file()
+        out = np.empty(len(self), dtype=EVENT_DTYPE)
+        read_into(f, out, self._parts, self.head)
+        out[self.head :] = self.tail
+        self.close()
+        return out
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._f = None
+
+    def __del__(self) -> None:  # a capture never read: its removed spill's space is given back with it
+        self.close()
 
 
 def read(path: Path) -> Parts:

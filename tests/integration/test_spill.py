@@ -146,3 +146,25 @@ def test_a_spill_that_fills_the_disk_bounds_the_store_and_keeps_what_it_wrote(
     saved = memprof.load(tmp_path / "run.memprof")
     assert len(saved.raw) == len(cap.raw) and np.array_equal(saved.raw["t_ns"], cap.raw["t_ns"])
     assert bool((np.diff(saved.raw["t_ns"]) >= 0).all())
+
+
+def test_a_streamed_capture_is_saved_from_its_spill_without_reading_it_into_memory(tmp_path: Path) -> None:
+    """Stopping and saving a capture whose events went to its spill streams them into the file a record
+    at a time: Python's allocations stay far below the events' size (22 MB here); the events are read
+    into memory only when first used, and equal what the file holds."""
+    import tracemalloc
+
+    import torch
+
+    with memprof.capture(output=tmp_path / "run.memprof") as cap:
+        for _ in range(100_000):
+            torch.empty(8)
+        time.sleep(0.6)  # a flush of the spill: the store frees what it wrote
+        tracemalloc.start()
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert not (tmp_path / "run.memprof.spill").exists()
+    events = len(cap.raw)
+    assert events >= 400_000 and peak < 8 << 20, (events, peak)  # (the events: 22.4 MB)
+    saved = memprof.load(tmp_path / "run.memprof")
+    assert np.array_equal(saved.raw, cap.raw) and saved.peak("cpu") == cap.peak("cpu")
