@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memprof._events import FLAG_CARRIED, SEGMENT_KINDS, Kind, kind_mask
+from memprof._events import EVENT_DTYPE, FLAG_CARRIED, SEGMENT_KINDS, Kind, kind_mask
 from memprof.capture_info import MAX_BLOCK_BYTES, MAX_TIME_NS, MAX_TOTAL_BYTES
 from memprof.errors import CaptureFileError
 
@@ -25,6 +25,28 @@ _NEGATIVE = (Kind.FREE, Kind.CUDA_FREE_REQUESTED, Kind.CUDA_FREE_COMPLETED, Kind
 # more than a few of them, is no real capture.
 _MAX_BACKWARDS_NS = 10_000_000_000
 _MAX_BACK_STEPS = 0.05
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_fits(n: int, path: Path, what: str = "capture") -> None:
+    """Refuse in one line to read `n` events that the machine's available memory cannot hold (the
+    analysis needs them in memory, and a page-by-page read would end in the OOM killer, not a message)."""
+    need, free = n * EVENT_DTYPE.itemsize, available_memory()
+    if free is not None and need > free:
+        raise CaptureFileError(f"{path}: the {what} holds {n:,} events ({need / 1e9:.1f} GB in memory) and this "
+                               f"machine has {free / 1e9:.1f} GB available: read it on a machine with more memory, "
+                               "or record fewer steps (memprof trace --steps A:B or --keep-last N)")
 
 
 _CHECK_CHUNK = 1 << 20  # events checked at a time: the checks' temporaries stay a few tens of MB

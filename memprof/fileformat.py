@@ -27,7 +27,7 @@ import numpy as np
 from memprof._events import EVENT_DTYPE, FLAG_CARRIED, CarriedBlock, Kind, kind_mask
 from memprof.capture_info import conform, meta_problem
 from memprof.errors import CaptureFileError
-from memprof.event_checks import check_events
+from memprof.event_checks import check_events, check_fits
 from memprof.outputs import atomic_write, existing_file
 from memprof.plans import CompiledGraph, KnownTensor, Plan
 
@@ -215,6 +215,7 @@ def _read_events(zf: zipfile.ZipFile, path: Path) -> np.ndarray:
         if n < 0 or fh.tell() + n * EVENT_DTYPE.itemsize != info.file_size:
             raise CaptureFileError(f"{path}: corrupt capture (events.npy claims {n:,} events, "
                                    f"its size holds {max(info.file_size - fh.tell(), 0) // EVENT_DTYPE.itemsize:,})")
+        check_fits(n, path)
         # (np.empty takes its pages as the data is read into them: a member cut short costs what it held)
         out = np.empty(n, dtype=EVENT_DTYPE)
         view = memoryview(out.view(np.uint8))  # type: ignore[arg-type]

@@ -14,6 +14,7 @@ import numpy as np
 
 from memprof._events import EVENT_DTYPE, Kind
 from memprof.errors import CaptureFileError
+from memprof.event_checks import check_fits
 from memprof.fileformat import Parts, checked, loads_json
 
 MAGIC = b"MEMPROF-SPILL 1\n"
@@ -161,6 +162,7 @@ def _parts(f: io.BufferedReader, records: list[Record], path: Path, live: bool =
             for key in doc:
                 doc[key] += list(value.get(key, []))
     parts = event_parts(records)
+    check_fits(event_count(parts), path, "spill")
     raw = np.empty(event_count(parts), dtype=EVENT_DTYPE)
     read_into(f, raw, parts, len(raw))
     last = int(raw["t_ns"].max()) if len(raw) else int(meta.get("t_start_ns") or 0)

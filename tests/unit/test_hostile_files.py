@@ -65,6 +65,22 @@ def test_the_fixture_loads_and_reports() -> None:
     assert sum(r.bytes for r in rows) == cap.peak("cpu")
 
 
+def test_a_capture_larger_than_the_memory_available_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A capture (or a spill) whose events the machine's available memory cannot hold is refused in one
+    line that says how much it needs and what to do, before anything is read into memory."""
+    from memprof import event_checks
+
+    cap = memprof.load(FIXTURE)
+    need = len(cap.raw) * EVENT_DTYPE.itemsize
+    monkeypatch.setattr(event_checks, "available_memory", lambda: need - 1)
+    with pytest.raises(CaptureFileError) as err:
+        memprof.load(FIXTURE)
+    line = str(err.value)
+    assert "\n" not in line and f"{len(cap.raw):,} events" in line and "--keep-last" in line, line
+    monkeypatch.setattr(event_checks, "available_memory", lambda: need)
+    assert len(memprof.load(FIXTURE).raw) == len(cap.raw)
+
+
 @pytest.mark.parametrize(("changes", "needle"), [
     ({"baselines": "cpu"}, "baselines"),
     ({"baselines": [1, 2]}, "baselines"),
