@@ -197,7 +197,12 @@ void EventStore::push(const Event& e) {
   }
   const size_t offset = size_ % kChunkEvents;
   if (offset == 0) {
-    chunks_.emplace_back(new Event[kChunkEvents]);
+    if (spare_.empty()) {
+      chunks_.emplace_back(new Event[kChunkEvents]);
+    } else {
+      chunks_.push_back(std::move(spare_.back()));
+      spare_.pop_back();
+    }
     if (chunk_hook_ != nullptr && chunks_.size() - released_ / kChunkEvents > kFlushChunks) chunk_hook_();
   }
   chunks_.back()[offset] = e;
@@ -247,7 +252,13 @@ void EventStore::move_ring() {
 
 void EventStore::free_chunks_before(size_t n) {
   const size_t upto = std::min(n, size_) / kChunkEvents;  // whole chunks only
-  for (size_t c = released_ / kChunkEvents; c < upto; ++c) chunks_[c].reset();
+  for (size_t c = released_ / kChunkEvents; c < upto; ++c) {
+    if (chunks_[c] && spare_.size() < kFlushChunks) {
+      spare_.push_back(std::move(chunks_[c]));
+    } else {
+      chunks_[c].reset();
+    }
+  }
   released_ = std::max(released_, upto * kChunkEvents);
 }
 
@@ -293,7 +304,7 @@ int64_t EventStore::first_dropped_ns() const {
 
 size_t EventStore::bytes_reserved() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return (chunks_.size() - released_ / kChunkEvents) * kChunkEvents * sizeof(Event);
+  return (chunks_.size() - released_ / kChunkEvents + spare_.size()) * kChunkEvents * sizeof(Event);
 }
 
 void EventStore::release_before(size_t n) {
@@ -397,6 +408,7 @@ void EventStore::clear() {
   std::lock_guard<std::mutex> lock(mu_);
   chunks_.clear();
   chunks_.shrink_to_fit();
+  spare_.clear();
   size_ = 0;
   released_ = 0;
   ring_markers_.clear();

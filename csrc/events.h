@@ -233,6 +233,10 @@ class EventStore {
   size_t ring_start_ = 0;
   bool ring_moved_ = false;
   std::vector<std::unique_ptr<Event[]>> chunks_;
+  // Chunks freed behind the spill, kept for the next ones (at most kFlushChunks): a streaming capture
+  // writes into memory it has touched before, instead of faulting in and zeroing fresh pages (glibc
+  // gives freed chunks back to the system, and a capture of millions of events a second paid for it).
+  std::vector<std::unique_ptr<Event[]>> spare_;
   void (*chunk_hook_)() = nullptr;
   size_t size_ = 0;
   size_t released_ = 0;  // events in freed chunks (a multiple of kChunkEvents)

@@ -62,9 +62,10 @@ def test_a_killed_trace_is_recovered_from_its_spill(tmp_path: Path) -> None:
     assert forced.returncode == 0 and not spill.exists() and memprof.load(tmp_path / "run.memprof").exact
 
 
-def test_a_streaming_capture_holds_about_one_chunk_and_loses_nothing(tmp_path: Path) -> None:
+def test_a_streaming_capture_holds_a_few_chunks_and_loses_nothing(tmp_path: Path) -> None:
     """While a capture with an output runs, the native store frees what the spill has on disk: its
-    memory stays about one chunk (1.8 MB) however long the run; the saved capture still holds every
+    memory stays a few chunks (1.8 MB each: those not written yet, at most 8 before the spill is
+    written, and at most 8 kept for reuse) however long the run; the saved capture still holds every
     event, the same as a capture kept in memory."""
     import torch
 
@@ -87,7 +88,7 @@ def test_a_streaming_capture_holds_about_one_chunk_and_loses_nothing(tmp_path: P
             time.sleep(0.6)  # a flush of the spill
             held.append(native().store_bytes())
         released = native().released_events()
-    assert released > 100_000 and max(held) <= 2 * (1 << 15) * 56, (released, held)
+    assert released > 100_000 and max(held) <= (2 * 8 + 2) * (1 << 15) * 56, (released, held)
     assert not (tmp_path / "run.memprof.spill").exists()
     saved = memprof.load(tmp_path / "run.memprof")
     assert np.array_equal(_alloc_sequence(saved), _alloc_sequence(in_ram))
