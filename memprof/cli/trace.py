@@ -25,7 +25,8 @@ from memprof.cli.options import Budget, ScriptCommand, StepWindow
               help="Also write the HTML report here (one file; opens offline).")
 @click.option("--force", is_flag=True, help="Overwrite existing output files.")
 @click.option("--max-events", type=click.IntRange(min=1), default=None,
-              help="Bound on recorded events (extra events are counted as dropped).")
+              help="Bound on recorded events (extra events are counted as dropped) [default: none; the "
+                   "events stream to the output's spill].")
 @click.option("--scopes", type=click.Choice(["ops", "graphs", "none"]), default="ops", show_default=True,
               help="Scopes recorded: every op and kernel, compiled-graph calls only (lower overhead), or none.")
 @click.option("--no-kernel-scopes", is_flag=True,
