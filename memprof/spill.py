@@ -41,7 +41,7 @@ from memprof.errors import CaptureFileError, MemprofError, one_line
 from memprof.spill_read import HEAD, MAGIC, SpilledEvents, index_records, try_lock
 
 RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
-SYNC_EVERY_S = 0.5  # the file is fsynced at most this often (it is written whenever the store fills)
+SYNC_EVERY_S = 0.5  # a write fsyncs the file once this long has passed since the last fsync
 
 
 class Recorded(NamedTuple):
