@@ -106,6 +106,10 @@ class Capture:
             self.meta.setdefault(key, value)
         self._info = None
 
+    def refresh_info(self) -> None:
+        """Read `meta` again for `info` (after a caller added to it)."""
+        self._info = None
+
     # -- data ---------------------------------------------------------------------------
     @property
     def info(self) -> CaptureInfo:

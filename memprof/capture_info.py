@@ -72,6 +72,12 @@ def _window(v: Any) -> bool:
     return isinstance(v, list) and len(v) == 2 and all(_count(x) for x in v) and 1 <= v[0] <= v[1]
 
 
+def _probes(v: Any) -> bool:
+    return isinstance(v, dict) and all(
+        isinstance(k, str) and isinstance(p, list) and len(p) == 2 and (p[0] is None or _block(p[0]))
+        and isinstance(p[1], str) for k, p in v.items())
+
+
 def _distributed(v: Any) -> bool:
     if not isinstance(v, dict):
         return False
@@ -104,6 +110,7 @@ META: dict[str, MetaField] = {
     "preexisting": MetaField("{device: [[ptr, bytes], ...]}", _per_device(_blocks)),
     "window": MetaField("a step window [A, B] with 1 <= A <= B", _window),
     "distributed": MetaField("{rank, world_size, local_rank, node, run_id, backend}", _distributed),
+    "scratch_probes": MetaField("{call: [bytes or null, why]}", _probes),
     **dict.fromkeys((
         "command", "status", "error", "stopped_by", "cuda_tracker", "cpu_threads", "step_source", "scopes",
         "memprof_version", "torch_version", "cuda_version", "python_version", "plans", "remat", "script",
@@ -225,6 +232,8 @@ class CaptureInfo:
     options_after_script: tuple[str, ...] = ()  # memprof's options that came after SCRIPT
     spill_live: bool = False  # recovered from the spill of a run still going (its writer holds it)
     first_in_process: bool = False  # no capture ran before it in its process (no CPU block was seen before)
+    # fallback calls' scratch, probed when the capture was made: call -> [bytes or None, why not]
+    scratch_probes: dict[str, list[Any]] | None = None
 
     @staticmethod
     def from_meta(meta: dict[str, Any]) -> CaptureInfo:
@@ -253,4 +262,5 @@ class CaptureInfo:
             options_after_script=tuple(_get(meta, "options_after_script", ())),
             spill_live=_get(meta, "status") == "running" and _get(meta, "recovered_from") is not None,
             first_in_process=_get(meta, "first_in_process", False),
+            scratch_probes=_get(meta, "scratch_probes"),
         )

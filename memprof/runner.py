@@ -315,7 +315,8 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
         with budget_set, _remat(opts.remat), session(
                 max_events=opts.max_events, scopes=opts.scopes, kernels=opts.kernels,
                 meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator, replace_spill=opts.force,
-                keep=opts.keep, overwrite=opts.force, on_fatal=on_fatal, before_marker=opts.before_marker) as cap:
+                keep=opts.keep, overwrite=opts.force, on_fatal=on_fatal, before_marker=opts.before_marker,
+                before_save=record_probes) as cap:
             try:
                 result = run_script(script, script_args, exiting=exiting)
             except BaseException:
@@ -349,6 +350,17 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
         say(f"memprof: error: {empty}")
         return Traced(cap, result, Ending(1))
     return Traced(cap, result, Ending(result.exit_code, result.signal))
+
+
+def record_probes(cap: Capture) -> None:
+    """The scratch of the compiled graphs' fallback calls, probed now that the capture stopped (torch is
+    loaded, no capture runs) and saved with it: the summary's estimate and a later `memprof report`'s
+    are then the same figure, and the report runs no kernel and imports no torch for it."""
+    if cap.plans:
+        from memprof.sweep.probe import probe_plans
+
+        cap.meta["scratch_probes"] = probe_plans(cap.plans)
+        cap.refresh_info()
 
 
 def end_process(ending: Ending) -> None:

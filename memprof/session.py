@@ -24,7 +24,7 @@ from memprof.background import Background
 from memprof.capture import Capture
 from memprof.capture_info import Keep
 from memprof.console import say
-from memprof.errors import MemprofError, SaveError
+from memprof.errors import MemprofError, SaveError, one_line
 from memprof.outcome import outcome
 from memprof.outputs import free_name, resolve
 from memprof.recorder import DEFAULT_MAX_EVENTS, NO_BOUND, SCOPE_BITS, Recorder, activate, current, stop_active
@@ -59,12 +59,15 @@ def session(*, max_events: int | None = None, scopes: str = "ops", kernels: bool
             meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
             knapsack_evaluator: bool = False, replace_spill: bool = False, keep: Keep | None = None,
             overwrite: bool = False, on_fatal: Callable[[Capture, int], None] | None = None,
-            before_marker: Callable[[int], None] | None = None) -> Iterator[Capture]:
+            before_marker: Callable[[int], None] | None = None,
+            before_save: Callable[[Capture], None] | None = None) -> Iterator[Capture]:
     """`capture()` with memprof's own options (`knapsack_evaluator`: the sweep's measurements;
     `replace_spill`: `memprof trace --force` replaces the spill a killed run left; `keep`: which
     steps are stored, and `Keep.exit_after`; `on_fatal(capture, signum)`: what to say once a fatal
     signal's capture is saved, before the signal ends the process; `before_marker(step)`: called as
-    each step ends, before its marker is recorded)."""
+    each step ends, before its marker is recorded; `before_save(capture)`: called once the capture
+    stopped, before it is saved, unless a fatal signal ends the process: what it adds to the
+    capture's metadata is saved with it; an error in it is a note, never a lost capture)."""
     if scopes not in SCOPE_BITS:
         raise MemprofError(f"scopes must be one of {sorted(SCOPE_BITS)}, got {scopes!r}")
     if max_events is not None and (not isinstance(max_events, int) or max_events <= 0):
@@ -118,15 +121,22 @@ def session(*, max_events: int | None = None, scopes: str = "ops", kernels: bool
         raise
     finally:
         if os.getpid() == rec.pid:  # (a forked child's copy does nothing: the parent saves)
-            _finish(rec, ended, out, overwrite)
+            _finish(rec, ended, out, overwrite, before_save)
 
 
-def _finish(rec: Recorder, ended: BaseException | None, out: Path | None, overwrite: bool) -> None:
+def _finish(rec: Recorder, ended: BaseException | None, out: Path | None, overwrite: bool,
+            before_save: Callable[[Capture], None] | None = None) -> None:
     if current() is rec:
         stop_active()
     cap = rec.cap
     result = outcome(ended)
     cap.note_outcome(result.status, result.exit_code, result.error)
+    if before_save is not None and not cap.recording:
+        try:
+            before_save(cap)
+        except Exception as exc:  # (never a lost capture over what it adds)
+            cap.meta.setdefault("notes", []).append(f"{getattr(before_save, '__name__', 'before_save')} failed "
+                                                    f"({one_line(exc)})")
     if out is not None and not cap.recording:
         try:
             _save(cap, out, rec, overwrite)

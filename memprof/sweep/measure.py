@@ -274,7 +274,8 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         stack = cap.scopes.stack_at(int(tl.rows[pos]), cap.info.main_thread)
         phase = _phase(cap, [cap.scope_name(s) for s in stack])
     version = cap.meta.get("torch_version")
-    found, walk = estimates(cap.plans, cap.graphs, device, version if isinstance(version, str) else None)
+    found, walk = estimates(cap.plans, cap.graphs, device, version if isinstance(version, str) else None,
+                            cap.info.scratch_probes)
     return Measured(
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
@@ -303,17 +304,20 @@ def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
             "estimate_unprobed": [list(u) for u in walk.unprobed] if walk else []}
 
 
-def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None
-              ) -> tuple[dict[str, float | None], CaptureEstimate | None]:
+def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None,
+              probes: dict[str, list[Any]] | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
     its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a
     pair's forward and backward), as torch computes it and with graph outputs kept live (torch 2.11
     cancels them); and the partitioner's in-tree `KnapsackEvaluator` (normalized units: compare
     its ranking only). `torch_version`: the torch the graphs ran under (a capture's; default the
-    running one)."""
+    running one). `probes`: the fallback calls' scratch the capture recorded (`probe.probe_plans`):
+    taken as measured, no kernel runs for them here."""
+    from memprof.sweep.probe import preload
     from memprof.sweep.step_estimate import estimate_capture_plans
 
+    preload(probes)
     out: dict[str, float | None] = {"memprof": None, "inductor": None, "inductor (outputs kept)": None,
                                     KNAPSACK: None}
     if plans and all(p.knapsack_peak is not None for p in plans):

@@ -111,6 +111,30 @@ def unprobed(nodes: Iterable[Any]) -> list[tuple[str, str]]:
     return list(out)
 
 
+def probe_plans(plans: Iterable[Any]) -> dict[str, list[Any]]:
+    """Every distinct fallback call of `plans` probed now, call -> [scratch bytes or None, why not]:
+    what `memprof trace` records in the capture (`scratch_probes`), so that a later `memprof report`
+    gives the same estimate without importing torch or running a kernel (`preload`)."""
+    out: dict[str, list[Any]] = {}
+    for plan in plans:
+        for n in (*plan.forward.nodes, *plan.backward.nodes):
+            spec = getattr(n, "call", "")
+            if spec and spec not in out:
+                scratch = scratch_bytes(spec)
+                out[spec] = [scratch, _WHY.get(spec, "") if scratch is None else ""]
+    return out
+
+
+def preload(probes: dict[str, list[Any]] | None) -> None:
+    """Take the probes a capture recorded (`probe_plans`) as measured, where this process has not
+    probed the call itself."""
+    for spec, (scratch, why) in (probes or {}).items():
+        if spec not in _CACHE:
+            _CACHE[spec] = scratch
+            if scratch is None and why:
+                _WHY[spec] = why
+
+
 def probe_graph_calls(nodes: Iterable[Any]) -> dict[str, int]:
     """Node name -> scratch bytes, for the nodes of one graph that carry a call spec."""
     out: dict[str, int] = {}
