@@ -355,8 +355,11 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
 def record_probes(cap: Capture) -> None:
     """The scratch of the compiled graphs' fallback calls, probed now that the capture stopped (torch is
     loaded, no capture runs) and saved with it: the summary's estimate and a later `memprof report`'s
-    are then the same figure, and the report runs no kernel and imports no torch for it."""
-    if cap.plans:
+    are then the same figure, and the report runs no kernel and imports no torch for it. Not after an
+    exception or an OOM: the probes allocate on the device the script ran out of (the summary then
+    probes what it can itself). A probe that crashes the process leaves the spill, which `memprof
+    report OUT` recovers."""
+    if cap.plans and cap.meta.get("status") in ("completed", "exit"):
         from memprof.sweep.probe import probe_plans
 
         cap.meta["scratch_probes"] = probe_plans(cap.plans)
