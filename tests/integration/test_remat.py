@@ -4,6 +4,7 @@ fallbacks, the entry points and the CLI."""
 from __future__ import annotations
 
 import copy
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from click.testing import CliRunner
 import memprof
 import memprof.remat as remat
 from memprof.remat.report import RematReport
+
+from ..conftest import invoke_memprof
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/remat_models.py
 from remat_models import MLPStack, TinyBert, TinyLlama, projection_loss
@@ -304,6 +307,22 @@ def test_trace_cli_records_the_pass_in_the_capture(tmp_path: Path) -> None:
     assert cap.meta["remat"] == "light"
     remats = [p.remat for p in cap.plans if p.remat]
     assert remats and remats[0]["mode"] == "light" and remats[0]["saved_added"]
+    # the fallback calls' scratch (the CPU's flash attention) was probed once, by the trace, and saved:
+    # `memprof report` prints the trace's estimate line, and reading it imports no torch, runs no kernel
+    probes = cap.info.scratch_probes
+    assert probes and any("scaled_dot_product" in call for call in probes), probes
+    assert all(scratch is not None and scratch > 0 for scratch, _why in probes.values()), probes
+    line = "memprof's estimate from the compiled code"
+    traced = [ln for ln in result.output.splitlines() if line in ln]
+    report = invoke_memprof("report", str(out), cwd=tmp_path)
+    assert report.returncode == 0 and len(traced) == 1
+    assert [ln for ln in report.stdout.splitlines() if line in ln] == traced
+    check = subprocess.run([sys.executable, "-c", "import sys, memprof\n"
+                            "from memprof.analysis.summary import summarize\n"
+                            f"s = summarize(memprof.load({str(out)!r}))\n"
+                            "print('torch' in sys.modules, s.step is not None and s.step.estimate is not None)"],
+                           capture_output=True, text=True, timeout=120)
+    assert check.stdout.split() == ["False", "True"], check
     bad = CliRunner().invoke(cli, ["trace", str(ROOT / "examples" / "train_llama.py"), "--remat", "max"])
     assert bad.exit_code != 0 and "Invalid value for '--remat'" in bad.output
 
