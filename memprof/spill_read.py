@@ -3,6 +3,7 @@ when its run was cut short (`read`)."""
 
 from __future__ import annotations
 
+import fcntl
 import io
 import os
 import struct
@@ -23,8 +24,6 @@ HEAD = struct.Struct("<cQ")  # a record's type byte and its payload's length
 
 def try_lock(fd: int) -> bool:
     """Take the spill's lock for this process (False: another process holds it)."""
-    import fcntl
-
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
