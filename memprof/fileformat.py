@@ -64,14 +64,13 @@ def save(cap: Parts, path: Path, overwrite: bool = True) -> Path:
     """Write a capture's parts to `path` atomically (a temporary file moved into place,
     `outputs.atomic_write`; without `overwrite`, a file at `path` is kept: FileExistsError)."""
     meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, **conform(cap.meta)}
-    raw = np.ascontiguousarray(cap.raw) if isinstance(cap.raw, np.ndarray) else cap.raw
 
     def write(fh: IO[bytes]) -> None:
         with zipfile.ZipFile(fh, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
             zf.writestr("meta.json", json.dumps(meta, indent=1, default=str))
             # streamed into the member in numpy's chunks, or the source's: no second copy of the events
             with zf.open("events.npy", "w", force_zip64=True) as member:
-                _write_events(member, raw)
+                _write_events(member, cap.raw)
             zf.writestr("strings.json", json.dumps(cap.strings))
             zf.writestr("threads.json", json.dumps(cap.threads))
             zf.writestr("plans.json", json.dumps({
@@ -90,7 +89,7 @@ def save(cap: Parts, path: Path, overwrite: bool = True) -> Path:
 def _write_events(member: IO[bytes], raw: np.ndarray | EventSource) -> None:
     """events.npy: an array as numpy writes it, or a source's chunks after the header numpy would write."""
     if isinstance(raw, np.ndarray):
-        np.lib.format.write_array(member, raw, allow_pickle=False)
+        np.lib.format.write_array(member, np.ascontiguousarray(raw), allow_pickle=False)
         return
     header = np.lib.format.header_data_from_array_1_0(np.empty(0, dtype=EVENT_DTYPE))
     np.lib.format.write_array_header_1_0(member, {**header, "shape": (len(raw),)})

@@ -140,7 +140,7 @@ class SpillWriter:
     there); the job itself never fails over it."""
 
     def __init__(self, fd: int, path: Path, native: Any, meta: dict[str, Any],
-                 recorded: Callable[[], Recorded], ring: bool = False, bound_on_failure: int = 1 << 24) -> None:
+                 recorded: Callable[[], Recorded], *, ring: bool, bound_on_failure: int) -> None:
         self.path, self.native, self.recorded, self.ring = path, native, recorded, ring
         self.bound_on_failure = bound_on_failure
         self.events = self.strings = self.plans = self.graphs = self.tensors = 0
