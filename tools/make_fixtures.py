@@ -3,6 +3,7 @@
     python tools/make_fixtures.py            # on the CPU: tiny_compiled.memprof
     python tools/make_fixtures.py --cuda     # on a GPU machine: tiny_compiled_cuda.memprof
     python tools/make_fixtures.py --zoo      # on the CPU: gpt2_bf16_cpu.memprof
+    python tools/make_fixtures.py --blocks   # on a GPU machine: gqa_blocks_cuda.memprof
 
 A two-layer MLP compiled with Inductor, three AdamW steps, so that each file has every member
 (events, strings, threads, plans, wrapper sources; on CUDA also the allocator tracker's reserved
@@ -14,6 +15,11 @@ memory_reserved), so CPU-only CI checks the capture against PyTorch's own counte
 `--zoo` traces the zoo's small GPT-2 (`examples/train_gpt2.py`: bf16 autocast, fused AdamW, model
 and loss compiled as two graphs) with `memprof trace`, as a user would, for the tests of the
 sweep's step peak and memprof's estimate (tests/unit/test_zoo_estimate.py).
+
+`--blocks` traces the zoo's GQA decoder at full width with 2 layers and batch 1 (bf16, budget 0.05,
+compiled-graph scopes only, to keep the file small) on the GPU, from the process's start: the
+caching allocator hands whole blocks to some requests there, so the tests of its model
+(tests/unit/test_caching_allocator.py) replay every block and the estimate's count of them.
 """
 
 from __future__ import annotations
@@ -57,8 +63,17 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cuda", action="store_true", help="the CUDA fixture (needs a GPU)")
     p.add_argument("--zoo", action="store_true", help="the bf16 GPT-2 fixture (CPU)")
+    p.add_argument("--blocks", action="store_true", help="the GQA decoder's caching-allocator fixture (needs a GPU)")
     ns = p.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
+    if ns.blocks:
+        out = OUT / "gqa_blocks_cuda.memprof"
+        script = OUT.parents[1] / "examples" / "train_gqa.py"
+        subprocess.run([sys.executable, "-m", "memprof", "trace", "-o", str(out), "--force", "--scopes", "graphs",
+                        "--budget", "0.05", "--", str(script), "--full", "--layers", "2", "--batch", "1",
+                        "--steps", "4"], check=True)
+        print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+        raise SystemExit(0)
     if ns.zoo:
         out = OUT / "gpt2_bf16_cpu.memprof"
         script = OUT.parents[1] / "examples" / "train_gpt2.py"

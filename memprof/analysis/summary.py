@@ -111,6 +111,9 @@ class StepFigures:
     estimate: int | None
     unprobed: list[list[str]]  # fallback calls whose scratch the estimate could not measure, [op, why]
     phase: str = ""  # where the measured peak is: "forward", "backward", "" (outside compiled graphs)
+    # the estimate of the requests alone where `estimate` counts the caching allocator's blocks
+    # (replayed from its state when the measured step began), else None
+    requested: int | None = None
 
 
 def step_figures(cap: Capture) -> StepFigures | None:
@@ -126,7 +129,8 @@ def step_figures(cap: Capture) -> StepFigures | None:
         return None
     est = m.estimates.get("memprof")
     return StepFigures(m.device, m.steps, m.step_peak, int(est) if est is not None else None,
-                       [list(u) for u in m.estimate_unprobed], m.peak_phase)
+                       [list(u) for u in m.estimate_unprobed], m.peak_phase,
+                       m.estimate_requested if m.estimate_blocks else None)
 
 
 @dataclass(frozen=True)

@@ -247,6 +247,17 @@ def window_rise(timeline: Timeline, start_row: int, end_row: int) -> tuple[int, 
     return int(rises[at]), p0 + at
 
 
+def rise_start(timeline: Timeline, start_row: int, high_pos: int) -> int:
+    """The timeline position a `window_rise` is measured from: the last time the live bytes were at
+    their lowest between the window's start (`start_row`) and its high point (`high_pos`); the
+    position just before the window when that is the lowest."""
+    p0 = timeline.pos_before_row(start_row)
+    if high_pos <= p0:
+        return p0
+    levels = np.concatenate(([timeline.allocated_at_pos(p0)], timeline.allocated[p0 + 1 : high_pos + 1]))
+    return p0 + int(len(levels) - 1 - np.argmin(levels[::-1]))
+
+
 @dataclass(frozen=True)
 class StepStat:
     """One training step: the events between two step markers."""

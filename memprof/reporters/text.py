@@ -129,9 +129,13 @@ def _tail(s: Summary) -> list[str]:
             diff = st.estimate - measured
             off = f" ({diff:+,} B, {diff / measured:+.2%})" if measured else ""
             line += f"; memprof's estimate from the compiled code {fmt_mb(st.estimate)} MB{off}"
+            if st.requested is not None:
+                line += (f" in the caching allocator's blocks, replayed from its state when the step began "
+                         f"(the requests alone: {fmt_mb(st.requested)} MB)")
             if st.unprobed:
                 line += f" without the scratch of {len(st.unprobed)} fallback call(s) it could not run here"
-            if not st.phase:  # e.g. a foreach optimizer's temporaries: the estimate walks compiled graphs only
+            if not st.phase and abs(diff) > measured // 200:
+                # e.g. a foreach optimizer's temporaries: the estimate walks compiled graphs only
                 line += "; the measured peak is outside the compiled graphs, which is all the estimate covers"
         lines.append(line + " (memprof sweep's 'peak' and 'est')")
     lines.extend(f"WARNING: {w}" for w in s.warnings)

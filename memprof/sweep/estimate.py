@@ -26,7 +26,7 @@ The estimate is the pair's peak above the memory allocated when the step began (
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from memprof.analysis.sizes import static_bytes
 from memprof.analysis.units import CUDA_BLOCK, round_up
@@ -51,13 +51,19 @@ class GraphWalk:
     at_peak: tuple[tuple[str, int], ...] = ()
     peak_makers: tuple[tuple[str, int], ...] = ()
     returned: frozenset[str] = frozenset()
+    # the walk's requests in order for a model of the caching allocator: (key, bytes) allocates,
+    # (key, 0) frees; `keys`: storage id -> the allocator keys it holds (a fallback op's tuple: one
+    # per item, as the op allocates them)
+    log: tuple[tuple[int, int], ...] = ()
+    keys: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
 
 
 class _Walk:
     """The state of one wrapper walk: which storage each live name refers to, and the live bytes."""
 
     def __init__(self, graph: FxGraph | None, inputs: Mapping[str, tuple[int, int]], block: int, explain: bool,
-                 scratch: Mapping[str, int] | None) -> None:
+                 scratch: Mapping[str, int] | None, key_base: int = 0,
+                 input_keys: Mapping[int, tuple[int, ...]] | None = None) -> None:
         self.by_name = graph.by_name if graph is not None else {}
         self.by_source: dict[str, list[FxNode]] = {}  # the comment names Dynamo's nodes; FX nodes keep them as `source`
         for node in graph.nodes if graph is not None else ():
@@ -86,8 +92,13 @@ class _Walk:
         self.carved_from: dict[int, tuple[int, int]] = {}
         for name, (sid, _size) in inputs.items():
             self.made.setdefault(sid, (f"input {name}", f"input {name}"))
+        self.key_base = key_base
+        self.keys: dict[int, list[int]] = {}  # storage id -> allocator keys (`GraphWalk.keys`)
+        self.item_keys: dict[int, list[int | None]] = {}  # a tuple's keys by item (None: carved out)
+        self.log: list[tuple[int, int]] = []
         self.live = 0
         for sid, nbytes in {v[0]: v[1] for v in inputs.values()}.items():
+            self.keys[sid] = list((input_keys or {}).get(sid, (key_base + sid,)))
             self.sizes[sid] = nbytes
             self.owned.add(sid)
             self.refs[sid] = 0
@@ -108,14 +119,20 @@ class _Walk:
         if self.refs[sid] == 0 and sid in self.owned:
             self.live -= self.sizes.get(sid, 0)
             self.owned.discard(sid)
+            self.log.extend((k, 0) for k in self.keys.pop(sid, ()))
             if self.explain:
                 self.events.append((sid, False))
 
-    def new(self, name: str, nbytes: int, what: str) -> None:
+    def new(self, name: str, nbytes: int, what: str, items: list[int] | None = None) -> None:
         sid = self.next_id
         self.next_id += 1
         self.sizes[sid] = round_up(nbytes, self.block)
         self.owned.add(sid)
+        keys = [self._key() for _ in items] if items else [self.key_base + sid]
+        self.keys[sid] = keys
+        self.log.extend(zip(keys, items or [self.sizes[sid]], strict=True))
+        if items:
+            self.item_keys[sid] = list(keys)
         self.live += self.sizes[sid]
         if self.explain:
             self.made[sid] = (name, f"{name} ({what}; {', '.join(self.pending)})")
@@ -141,10 +158,13 @@ class _Walk:
             size = 0
             self.unknown.append(f"{ln.name} = {ln.op}")
         items = [round_up(b, self.block) for b in fx.items] if fx is not None and len(fx.items) > 1 else []
-        self.new(ln.name, sum(items) if items else size, ln.op)
+        self.new(ln.name, sum(items) if items else size, ln.op, items)
         if items:
             self.items[self.names[ln.name]] = items
         extra = round_up(self.scratch.get(fx.name, 0), self.block) if self.scratch and fx is not None else 0
+        if extra:  # allocated and freed inside the call, with its outputs live
+            key = self._key()
+            self.log += [(key, extra), (key, 0)]
         if self.live + extra > self.peak:
             self.peak = self.live + extra
             if self.explain and fx is not None:
@@ -167,11 +187,21 @@ class _Walk:
         self.sizes[tuple_id] -= sizes[item]
         self.owned.add(sid)
         self.carved[(tuple_id, item)] = sid
+        item_keys = self.item_keys.get(tuple_id)
+        if item_keys is not None and item_keys[item] is not None:
+            self.keys[sid] = [int(item_keys[item] or 0)]
+            item_keys[item] = None
+            self.keys[tuple_id] = [k for k in item_keys if k is not None]
         if self.explain:
             self.made[sid] = (name, f"{name} (item {item} of {self.made.get(tuple_id, ('?', '?'))[1]})")
             self.events.append((sid, True))
             self.carved_from[sid] = (tuple_id, len(self.events))
         self.bind(name, sid)
+
+    def _key(self) -> int:
+        """A fresh allocator key (an id no storage of this walk uses)."""
+        self.next_id += 1
+        return self.key_base + self.next_id - 1
 
     def line(self, ln: Line) -> None:
         k = ln.kind
@@ -197,8 +227,10 @@ class _Walk:
             self.unbind(name)
 
     def result(self) -> GraphWalk:
+        keys = {sid: tuple(k) for sid, k in self.keys.items()}
         if not self.explain:
-            return GraphWalk(self.peak, self.live, self.outputs, self.sizes, tuple(self.unknown))
+            return GraphWalk(self.peak, self.live, self.outputs, self.sizes, tuple(self.unknown),
+                             log=tuple(self.log), keys=keys)
         at_peak = {s for s in self.sizes if s < 0}  # the inputs, live at the start
         for sid, alive in self.events[:self.peak_at]:
             if alive:
@@ -215,19 +247,23 @@ class _Walk:
         rows.sort(key=lambda r: -r[2])
         returned = frozenset(self.made[s][0] for s in self.outputs if s is not None and s in self.made)
         return GraphWalk(self.peak, self.live, self.outputs, self.sizes, tuple(self.unknown),
-                         tuple((r[1], r[2]) for r in rows), tuple((r[0], r[2]) for r in rows), returned)
+                         tuple((r[1], r[2]) for r in rows), tuple((r[0], r[2]) for r in rows), returned,
+                         tuple(self.log), keys)
 
 
 def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[int, int]] | None = None,
                  block: int = 1, explain: bool = False, scratch: Mapping[str, int] | None = None,
-                 held: frozenset[str] = frozenset()) -> GraphWalk:
+                 held: frozenset[str] = frozenset(), key_base: int = 0,
+                 input_keys: Mapping[int, tuple[int, ...]] | None = None) -> GraphWalk:
     """Walk one wrapper's `call`. `inputs`: for inputs the graph owns (freed at their `del`), name ->
     (storage id, bytes); others are resident and cost nothing. Storage ids of inputs must be < 0.
     `explain`: also say what is live at the peak (each storage by the line that made it).
     `scratch`: FX node name -> bytes a fallback kernel allocates above its outputs while it runs
     (`memprof.sweep.probe`); its call peaks that much above the live bytes with its outputs.
-    `held`: inputs counted live to the end whatever the wrapper deletes (someone else holds them)."""
-    walk = _Walk(graph, inputs or {}, block, explain, scratch)
+    `held`: inputs counted live to the end whatever the wrapper deletes (someone else holds them).
+    `key_base`, `input_keys`: the allocator keys of this walk's storages start at `key_base`; an
+    owned input's keys (default `key_base` + its id) name the storage an earlier walk made."""
+    walk = _Walk(graph, inputs or {}, block, explain, scratch, key_base, input_keys)
     for name in held:
         if name in walk.inputs:
             sid = walk.inputs[name][0]
@@ -246,10 +282,22 @@ class StepEstimate:
     unknown: tuple[str, ...]
     phase: str  # where the peak is: "forward" or "backward"
     walk: GraphWalk  # the walk of that graph (with explain=True, what is live at the peak)
+    fw: GraphWalk | None = None
+    bw: GraphWalk | None = None
+    # the backward's owned inputs, name -> (storage id, bytes), and their allocator keys by storage id
+    bw_inputs: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    bw_input_keys: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    hold_tangents: bool = False
 
     @property
     def at_peak(self) -> tuple[tuple[str, int], ...]:
         return self.walk.at_peak
+
+
+BW_KEYS = 10 ** 11  # a backward's allocator keys start this far above its forward's (`estimate_step`)
+# storage ids of a backward's inputs that no forward storage is (tangents, earlier graphs' activations)
+# count down from here; above it, input -sid is the forward's storage sid
+_OTHER_INPUTS = -(10 ** 9)
 
 
 def _backward_inputs(plan: Plan, fw: GraphWalk, block: int, activations: Mapping[str, int]
@@ -262,42 +310,55 @@ def _backward_inputs(plan: Plan, fw: GraphWalk, block: int, activations: Mapping
     for name, sid in zip(plan.saved, saved_ids, strict=False):
         if sid is not None:
             inputs[name] = (-sid, fw.sizes[sid])
-    other_id = -(10 ** 9)
+    other_id = _OTHER_INPUTS
     for name in plan.saved:
         if name in activations and name not in inputs:
             inputs[name] = (other_id, round_up(activations[name], block))
             other_id -= 1
-    for node in plan.backward.nodes:
-        if node.op == "placeholder" and node.name.startswith("tangents") and node.bytes:
-            inputs[node.name] = (other_id, round_up(int(node.bytes), block))
-            other_id -= 1
+    for node in tangent_nodes(plan):
+        inputs[node.name] = (other_id, round_up(int(node.bytes or 0), block))
+        other_id -= 1
     return inputs
+
+
+def tangent_nodes(plan: Plan) -> list[FxNode]:
+    """The backward's tangent placeholders that hold memory, in order."""
+    return [n for n in plan.backward.nodes if n.op == "placeholder" and n.name.startswith("tangents") and n.bytes]
 
 
 def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1,
                   explain: bool = False, scratch: tuple[Mapping[str, int], Mapping[str, int]] | None = None,
-                  activations: Mapping[str, int] | None = None, hold_tangents: bool = False) -> StepEstimate:
+                  activations: Mapping[str, int] | None = None, hold_tangents: bool = False,
+                  key_base: int = 0, input_keys: Mapping[str, tuple[int, ...]] | None = None) -> StepEstimate:
     """The step peak of one forward/backward pair from its wrapper code and plan. `scratch`: the
     forward's and the backward's fallback kernels' scratch bytes by FX node name. `activations`:
     the pair's inputs that an earlier graph of the step computed (placeholder name -> bytes; see
     `activation_inputs`): not resident, live while the forward runs, and held into the backward
     when saved (the rest are parameters and user inputs, resident). `hold_tangents`: the tangents
-    stay live to the backward's end (`tangents_held`)."""
+    stay live to the backward's end (`tangents_held`). `key_base`: where the walks' allocator keys
+    start (the forward's; the backward's `BW_KEYS` above); `input_keys`: the keys of backward inputs
+    an earlier walk made, by name (an earlier graph's activations; a tangent that is a gradient
+    another backward returned); the rest of its tangents get keys of their own."""
     fw_scratch, bw_scratch = scratch or ({}, {})
     acts = dict(activations or {})
-    fw = walk_wrapper(fw_source, plan.forward, None, block, explain, fw_scratch)
+    fw = walk_wrapper(fw_source, plan.forward, None, block, explain, fw_scratch, key_base=key_base)
     fw_peak = fw.peak + sum(round_up(b, block) for b in acts.values())
     # the user's outputs (fw.outputs[:num_fwd_outputs]) are gone before the backward starts (the
     # loss consumed them); the saved activations stay
     kept = {s for s in fw.outputs[plan.num_fwd_outputs:] if s is not None}
     held = sum(fw.sizes[s] for s in kept) + sum(round_up(b, block) for n, b in acts.items() if n in plan.saved)
     if bw_source is None:
-        return StepEstimate(fw_peak, fw_peak, 0, held, fw.unknown, "forward", fw)
-    bw = walk_wrapper(bw_source, plan.backward, _backward_inputs(plan, fw, block, acts), block, explain, bw_scratch,
-                      held=_tangents(plan) if hold_tangents else frozenset())
-    if bw.peak >= fw_peak:
-        return StepEstimate(bw.peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "backward", bw)
-    return StepEstimate(fw_peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, "forward", fw)
+        return StepEstimate(fw_peak, fw_peak, 0, held, fw.unknown, "forward", fw, fw)
+    inputs = _backward_inputs(plan, fw, block, acts)
+    given = input_keys or {}
+    keys = {sid: fw.keys.get(-sid, ()) if sid > _OTHER_INPUTS else given.get(name, (key_base + BW_KEYS + sid,))
+            for name, (sid, _b) in inputs.items()}
+    bw = walk_wrapper(bw_source, plan.backward, inputs, block, explain, bw_scratch,
+                      held=_tangents(plan) if hold_tangents else frozenset(), key_base=key_base + BW_KEYS,
+                      input_keys=keys)
+    peak, phase = (bw.peak, "backward") if bw.peak >= fw_peak else (fw_peak, "forward")
+    return StepEstimate(peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, phase, bw if phase == "backward" else fw,
+                        fw, bw, inputs, keys, hold_tangents)
 
 
 def tangents_held(torch_version: str) -> bool:

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from memprof._events import Kind
-from memprof.analysis.timeline import Timeline, freed_bytes, window_rise
+from memprof.analysis.caching_allocator import CachingAllocatorModel, model_at
+from memprof.analysis.timeline import Timeline, freed_bytes, rise_start, window_rise
 from memprof.analysis.units import round_up_array
 from memprof.capture import Capture
 from memprof.errors import one_line
@@ -148,6 +149,10 @@ class Measured:
     estimate_peak_phase: str = ""
     # fallback calls whose scratch memprof's estimate could not measure, [op, why]: it leaves it out
     estimate_unprobed: list[list[str]] = field(default_factory=list)
+    # memprof's estimate of the requests alone, and whether its figure ("memprof") counts the caching
+    # allocator's blocks instead, replayed from the allocator's state when the measured step began
+    estimate_requested: int | None = None
+    estimate_blocks: bool = False
     # the most Python's cyclic garbage collector freed in one measured step (tensors in reference
     # cycles: the peak depends on when collections run)
     gc_freed: int = 0
@@ -259,11 +264,13 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     at_peak: dict[str, int] = {}
     phase = ""
     slack = 0
+    allocator = None
     if pp and len(tl.rows):
         # the measured step whose excess is the median: what is live at its peak, and where
         k = ex.index(step_peak) if step_peak in ex else 0
         pos = pp[k]
         slack = block_slack(cap, tl, windows[measured][k][0], pos)
+        allocator = model_at(cap.raw, tl, rise_start(tl, windows[measured][k][0], pos), cap.info.alloc_conf or "")
         if attribution:
             try:
                 from memprof.analysis.attribution import rows_at
@@ -275,7 +282,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         phase = _phase(cap, [cap.scope_name(s) for s in stack])
     version = cap.meta.get("torch_version")
     found, walk = estimates(cap.plans, cap.graphs, device, version if isinstance(version, str) else None,
-                            cap.info.scratch_probes)
+                            cap.info.scratch_probes, allocator)
     return Measured(
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
@@ -301,11 +308,13 @@ def block_slack(cap: Capture, tl: Timeline, start_row: int, pos: int) -> int:
 def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
     """Measured's estimate_* fields from memprof's estimate (`estimates`; empty where it has none)."""
     return {"estimate_at_peak": walk.at_peak if walk else {}, "estimate_peak_phase": walk.phase if walk else "",
-            "estimate_unprobed": [list(u) for u in walk.unprobed] if walk else []}
+            "estimate_unprobed": [list(u) for u in walk.unprobed] if walk else [],
+            "estimate_requested": walk.requested_peak if walk else None, "estimate_blocks": bool(walk and walk.blocks)}
 
 
 def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None,
-              probes: dict[str, list[Any]] | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
+              probes: dict[str, list[Any]] | None = None, allocator: CachingAllocatorModel | None = None
+              ) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
     its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a
@@ -313,7 +322,8 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     cancels them); and the partitioner's in-tree `KnapsackEvaluator` (normalized units: compare
     its ranking only). `torch_version`: the torch the graphs ran under (a capture's; default the
     running one). `probes`: the fallback calls' scratch the capture recorded (`probe.probe_plans`):
-    taken as measured, no kernel runs for them here."""
+    taken as measured, no kernel runs for them here. `allocator`: the CUDA caching allocator when the
+    step began (`caching_allocator.model_at`): memprof's estimate then counts its blocks."""
     from memprof.sweep.probe import preload
     from memprof.sweep.step_estimate import estimate_capture_plans
 
@@ -326,7 +336,7 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
         return out, None
     walk: CaptureEstimate | None = None
     try:
-        walk = estimate_capture_plans(plans, graphs, device, torch_version=torch_version)
+        walk = estimate_capture_plans(plans, graphs, device, torch_version=torch_version, allocator=allocator)
     except Exception:  # a wrapper this walk does not understand: no estimate, never a failed sweep
         walk = None
     out["memprof"] = walk.peak if walk else None

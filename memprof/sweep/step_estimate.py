@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from memprof.analysis.caching_allocator import CachingAllocatorModel
 from memprof.plans import FxNode, Plan
-from memprof.sweep.estimate import _BLOCK, GraphWalk, estimate_step, running_torch_version, tangents_held
+from memprof.sweep.block_peak import block_peak, chain_requests
+from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, running_torch_version, tangents_held
 
 _FLOATS = ("float32", "bfloat16", "float16", "float64")  # as FxNode.dtype records them (`value_info`)
 
@@ -56,16 +58,23 @@ class CaptureEstimate:
     at_peak: dict[str, int]
     # fallback calls whose scratch could not be measured, (op, why): the estimate leaves it out
     unprobed: tuple[tuple[str, str], ...] = ()
+    # the peak of the requests alone (512-byte granules), and whether `peak` counts the caching
+    # allocator's blocks instead (`memprof.sweep.block_peak`: given its state when the step began)
+    requested_peak: int = 0
+    blocks: bool = False
 
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
-                           probe: bool = True, torch_version: str | None = None) -> CaptureEstimate | None:
+                           probe: bool = True, torch_version: str | None = None,
+                           allocator: CachingAllocatorModel | None = None) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
     wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
     a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
     kernels' scratch memory (`memprof.sweep.probe`; skipped where their device is absent or a capture
     is running: those calls are named in `unprobed`). `torch_version`: the torch the graphs ran
-    under (the capture's; default the running one), which decides how long tangents live."""
+    under (the capture's; default the running one), which decides how long tangents live.
+    `allocator`: the CUDA caching allocator as it was when the step began (`caching_allocator.model_at`):
+    the step's requests are replayed through it and the peak counts its blocks."""
     import dataclasses
 
     from memprof.sweep.probe import probe_graph_calls, unprobed
@@ -81,6 +90,8 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     # activations live through its forward and backward
     earlier: dict[tuple[tuple[int, ...], str], int] = {}
     held_after: list[int] = []
+    pairs: list[tuple[Plan, StepEstimate]] = []
+    links: list[dict[str, int]] = []
     for i, plan in enumerate(plans):
         fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
         bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
@@ -93,7 +104,9 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         before = max((held_after[j] for _b, j in linked.values()), default=0)
         est = estimate_step(plan, str(getattr(fw[0], "source", "")), str(getattr(bw[0], "source", "")) if bw else None,
                             block, explain=True, scratch=scratch, activations={n: b for n, (b, _j) in linked.items()},
-                            hold_tangents=hold)
+                            hold_tangents=hold, key_base=(i + 1) * _KEYS_PER_PAIR)
+        pairs.append((plan, est))
+        links.append({n: j for n, (_b, j) in linked.items()})
         held_after.append(before + est.saved)
         for key in user_outputs(plan):
             earlier.setdefault(key, i)
@@ -105,7 +118,45 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
             if before:
                 at_peak["saved_activation"] = at_peak.get("saved_activation", 0) + before
             best = CaptureEstimate(before + est.peak, est.phase, at_peak)
-    return dataclasses.replace(best, unprobed=tuple(missed)) if best is not None else None
+    if best is None:
+        return None
+    best = dataclasses.replace(best, unprobed=tuple(missed), requested_peak=best.peak)
+    if allocator is not None:
+        peak = max(block_peak(allocator, chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block))
+                   for chain in _chains(links))
+        at_peak = dict(best.at_peak)
+        if peak > best.peak:
+            at_peak["unsplit blocks"] = peak - best.peak
+        best = dataclasses.replace(best, peak=peak, at_peak=at_peak, blocks=True)
+    return best
+
+
+_KEYS_PER_PAIR = 10 ** 12  # allocator keys of pair i start at (i + 1) times this (`estimate_step`'s key_base)
+
+
+def _chains(links: Sequence[Mapping[str, int]]) -> list[list[int]]:
+    """The pairs that run as one step, each chain in compile order: a pair joins the chain of every
+    earlier pair it takes a value from."""
+    chain_of = list(range(len(links)))
+
+    def root(i: int) -> int:
+        while chain_of[i] != i:
+            i = chain_of[i]
+        return i
+
+    for j, linked in enumerate(links):
+        for i in linked.values():
+            chain_of[root(j)] = root(i)
+    chains: dict[int, list[int]] = {}
+    for i in range(len(links)):
+        chains.setdefault(root(i), []).append(i)
+    return list(chains.values())
+
+
+def _chain_links(chain: Sequence[int], links: Sequence[Mapping[str, int]]) -> list[dict[str, int]]:
+    """`links` of the chain's pairs, as positions in the chain."""
+    where = {p: k for k, p in enumerate(chain)}
+    return [{n: where[i] for n, i in links[p].items() if i in where} for p in chain]
 
 
 def peak_breakdown(plan: Plan, walk: GraphWalk, role: str, origins: Mapping[str, Sequence[str]]) -> dict[str, int]:

@@ -79,19 +79,24 @@ def render_table(sweep: Sweep) -> str:
 
 
 def _slack_lines(sweep: Sweep, variant: str) -> list[str]:
-    """What the caching allocator's unsplit blocks add to the measured peaks (requests the
-    estimate counts), and memprof's error without them."""
+    """What the caching allocator's unsplit blocks add to the measured peaks (above the requests),
+    and how memprof's estimate counts them: replayed through its model of the allocator from the
+    state each measured step began in, or (a prediction, no step to take that state from) not."""
     runs = [r for r in sweep.runs_of(variant) if r.step_peak and r.measured is not None]
     slack = [r.measured.block_slack for r in runs if r.measured is not None]
     if not any(slack):
         return []
+    held = (f"the caching allocator's blocks held {fmt_bytes(int(statistics.median(slack)))} (median; up to "
+            f"{fmt_bytes(max(slack))}) more than the requests at the measured peaks (large blocks it did not split)")
+    if all(r.measured is not None and r.measured.estimate_blocks for r in runs):
+        return [f"{held}; memprof's estimate counts them, replaying the step's requests through a model of "
+                "the allocator from its state when the step began"]
     errs = [abs(float(e) - (r.step_peak - r.measured.block_slack)) / (r.step_peak - r.measured.block_slack)
             for r in runs if r.measured is not None and r.step_peak and (e := run_estimate(r, "memprof")) is not None
             and r.step_peak > r.measured.block_slack]
-    line = (f"the caching allocator handed out {fmt_bytes(int(statistics.median(slack)))} (median; up to "
-            f"{fmt_bytes(max(slack))}) more than requested at the measured peaks: large blocks it did not split")
+    line = f"{held}; memprof's estimate counts requests here"
     if errs:
-        line += (f"; against the requests (peak less those bytes) memprof's median error is "
+        line += (f"; against the requests (peak less those bytes) its median error is "
                  f"{statistics.median(errs):.1%}, max {max(errs):.1%}")
     return [line]
 

@@ -60,14 +60,20 @@ def test_the_count_says_which_pairs_are_explained() -> None:
 
 def test_the_allocators_unsplit_blocks_are_named_and_taken_out_of_the_error() -> None:
     """The GQA decoder on the H200 (stock, budget 0.05): 3,090,277,376 B measured, 3,042,042,880 B
-    estimated (-1.56%); 48,234,496 B of the peak were blocks larger than their requests (41 requests
-    of 2 MiB given 3 MiB blocks), which the estimate of requests cannot see: without them, exact."""
+    estimated in requests (-1.56%); 48,234,496 B of the peak were blocks larger than their requests
+    (41 requests of 2 MiB given 3 MiB blocks). A prediction (no allocator state to replay from) says
+    so and scores the requests; a measured sweep's estimate counts the blocks and says that instead."""
     s = _sweep({0.05: 3_090_277_376}, memprof={0.05: 3_042_042_880.0})
     assert s.runs[0].measured is not None
     s.runs[0].measured.block_slack = 48_234_496
     text = render_findings(s)
     assert "median error 1.6%" in text
-    assert ("the caching allocator handed out 48.2 MB (median; up to 48.2 MB) more than requested at the "
-            "measured peaks: large blocks it did not split; against the requests (peak less those bytes) "
-            "memprof's median error is 0.0%, max 0.0%") in text
+    assert ("the caching allocator's blocks held 48.2 MB (median; up to 48.2 MB) more than the requests at the "
+            "measured peaks (large blocks it did not split); memprof's estimate counts requests here; against "
+            "the requests (peak less those bytes) its median error is 0.0%, max 0.0%") in text
     assert "caching allocator" not in render_findings(_sweep({0.05: 1000}, memprof={0.05: 990.0}))
+    blocks = _sweep({0.05: 3_090_277_376}, memprof={0.05: 3_090_277_376.0})
+    assert blocks.runs[0].measured is not None
+    blocks.runs[0].measured.block_slack, blocks.runs[0].measured.estimate_blocks = 48_234_496, True
+    text = render_findings(blocks)
+    assert "median error 0.0%" in text and "memprof's estimate counts them, replaying the step's requests" in text

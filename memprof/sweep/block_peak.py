@@ -1,0 +1,86 @@
+"""memprof's estimate of a step in the caching allocator's blocks: the requests the wrapper walks
+make (`GraphWalk.log`), in the order a training step runs them, replayed through the model of the
+CUDA caching allocator (`memprof.analysis.caching_allocator`) from its state when the step began.
+
+The walks count requests (rounded to 512 bytes); the allocator counts blocks, and hands out a whole
+free block when what would remain is 1 MiB or less: on a 24-layer decoder in bf16, 48 MB of the
+measured step peak were such blocks. The step's order: the forwards of a chain of pairs (a model
+and the loss compiled apart), the user's outputs dropped once the loss is computed (except what a
+later pair saved), then the backwards in reverse, each after its tangents: AOTAutograd allocates
+them, except a tangent that is the gradient a later pair's backward returned for that output.
+Tangents AOTAutograd holds (`tangents_held`) are freed when their backward returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from memprof.analysis.caching_allocator import CachingAllocatorModel
+from memprof.analysis.units import round_up
+from memprof.plans import Plan
+from memprof.sweep.estimate import StepEstimate, tangent_nodes
+
+
+def _user_outputs(est: StepEstimate, plan: Plan) -> list[int]:
+    """The storage ids the pair's forward returns to its caller (not saved for its backward)."""
+    fw = est.fw
+    if fw is None:
+        return []
+    saved = {s for s in fw.outputs[plan.num_fwd_outputs:] if s is not None}
+    return [s for s in fw.outputs[:plan.num_fwd_outputs] if s is not None and s not in saved]
+
+
+def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[Mapping[str, int]],
+                   block: int) -> list[tuple[int, int]]:
+    """The requests of a chain of pairs run as one step. `links[j]`: pair j's forward inputs that
+    an earlier pair of the chain returned, placeholder name -> that pair's index in `chain`."""
+    fw_part: list[tuple[int, int]] = []
+    remap: dict[int, int] = {}  # a key the walks gave a tangent -> the gradient's key it really is
+    given: set[int] = set()  # tangent keys a later backward's gradient provides (never allocated)
+    held_by_later: set[int] = set()  # outputs a later pair saved: its backward frees them
+    for j, (plan, est) in enumerate(chain):
+        fw_part += est.fw.log if est.fw is not None else ()
+        placeholders = [n.name for n in plan.forward.nodes if n.op == "placeholder"]
+        for name, i in links[j].items():
+            earlier_plan, earlier = chain[i]
+            if earlier.fw is None or name not in placeholders:
+                continue
+            node = plan.forward.by_name[name]
+            size = round_up(int(node.bytes or 0), block)
+            outs = [s for s in _user_outputs(earlier, earlier_plan) if earlier.fw.sizes.get(s) == size]
+            if not outs:
+                continue
+            out_keys = earlier.fw.keys.get(outs[0], ())
+            if name in est.bw_inputs:  # saved by this pair: its backward's key for it is the output's
+                sid = est.bw_inputs[name][0]
+                remap.update(zip(est.bw_input_keys.get(sid, ()), out_keys, strict=False))
+                held_by_later.update(out_keys)
+            # its gradient, returned by this pair's backward, is the earlier pair's tangent for it
+            bw = est.bw
+            pos = placeholders.index(name)
+            grad = bw.outputs[pos] if bw is not None and pos < len(bw.outputs) else None
+            tangents = [t for t in tangent_nodes(earlier_plan) if round_up(int(t.bytes or 0), block) == size]
+            if grad is not None and bw is not None and tangents and tangents[0].name in earlier.bw_inputs:
+                tsid = earlier.bw_inputs[tangents[0].name][0]
+                for k_from, k_to in zip(earlier.bw_input_keys.get(tsid, ()), bw.keys.get(grad, ()), strict=False):
+                    remap[k_from] = k_to
+                    given.add(k_from)
+    drops = [(k, 0) for plan, est in chain for s in _user_outputs(est, plan) if est.fw is not None
+             for k in est.fw.keys.get(s, ()) if k not in held_by_later]
+    bw_part: list[tuple[int, int]] = []
+    for plan, est in reversed(chain):
+        if est.bw is None:
+            continue
+        own = [est.bw_inputs[t.name] for t in tangent_nodes(plan) if t.name in est.bw_inputs]
+        tangent_keys = [(k, nbytes) for sid, nbytes in own for k in est.bw_input_keys.get(sid, ())]
+        bw_part += [(k, nbytes) for k, nbytes in tangent_keys if k not in given]
+        bw_part += est.bw.log
+        if est.hold_tangents:
+            bw_part += [(k, 0) for k, _n in tangent_keys]
+    return [(remap.get(k, k), n) for k, n in (*fw_part, *drops, *bw_part)]
+
+
+def block_peak(model: CachingAllocatorModel, requests: Sequence[tuple[int, int]]) -> int:
+    """The most bytes the caching allocator counts above its state `model` while `requests` run
+    (`model` is not changed)."""
+    return model.copy().run(requests)

@@ -1,0 +1,109 @@
+"""The model of PyTorch's CUDA caching allocator (`memprof.analysis.caching_allocator`): its rules on
+hand-made requests, and a replay of a real CUDA capture that must give every block and segment the
+capture recorded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import memprof
+from memprof._events import Kind
+from memprof.analysis.caching_allocator import (
+    CachingAllocatorModel,
+    model_at,
+    round_size,
+    segment_size,
+    settings_modelled,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+MiB = 1 << 20
+
+
+def test_requests_round_to_512_bytes_and_segments_follow_the_request_size() -> None:
+    assert [round_size(n) for n in (1, 512, 513, 3 * MiB - 1)] == [512, 512, 1024, 3 * MiB]
+    assert segment_size(512) == segment_size(MiB) == 2 * MiB  # the small pool's 2 MiB segments
+    assert segment_size(MiB + 512) == segment_size(10 * MiB - 512) == 20 * MiB
+    assert segment_size(10 * MiB) == 10 * MiB and segment_size(11 * MiB + 1) == 12 * MiB
+
+
+def test_a_block_is_split_only_when_more_than_1_mib_would_remain() -> None:
+    m = CachingAllocatorModel()
+    assert m.malloc(1, 3 * MiB) == 3 * MiB  # from a new 20 MiB segment, split: 17 MiB stay free
+    assert m.reserved == 20 * MiB and m.segments == 1
+    assert m.malloc(2, 15 * MiB) == 15 * MiB  # 2 MiB would remain: split
+    assert m.malloc(3, 1536 * 1024) == 2 * MiB  # the 2 MiB tail: 0.5 MiB would remain, so all of it
+    m.free(1)  # the first 3 MiB are free again
+    assert m.malloc(4, 2 * MiB) == 3 * MiB  # 1 MiB would remain: the whole block, as torch counts it
+    assert m.allocated == 20 * MiB == m.peak_allocated and m.segments == 1
+
+
+def test_small_requests_pack_2_mib_segments_and_frees_merge_neighbours() -> None:
+    m = CachingAllocatorModel()
+    for key in range(4):
+        assert m.malloc(key, 512 * 1024) == 512 * 1024
+    assert m.segments == 1 and m.reserved == 2 * MiB
+    m.free(1)
+    m.free(2)  # merged with 1: one free 1 MiB block
+    assert m.malloc(9, MiB) == MiB and m.segments == 1
+    assert m.malloc(10, 1) == 512 and m.segments == 2  # nothing free: a new segment
+    assert m.free(99) == 0  # a key never allocated
+
+
+def test_a_copy_replays_independently() -> None:
+    m = CachingAllocatorModel()
+    m.malloc(1, 5 * MiB)
+    requests = [(2, 2 * MiB), (3, 7 * MiB), (2, 0), (4, 2 * MiB)]
+    assert m.copy().run(requests) == m.copy().run(requests) == 9 * MiB
+    assert m.allocated == 5 * MiB and m.block_of(1) == 5 * MiB and m.block_of(2) == 0
+
+
+@pytest.mark.parametrize(("conf", "modelled"), [
+    ("", True), ("expandable_segments:False", True), ("garbage_collection_threshold:0.6", True),
+    ("expandable_segments:True", False), ("max_split_size_mb:128", False),
+    ("roundup_power2_divisions:4", False), ("backend:cudaMallocAsync", False),
+])
+def test_allocator_settings_the_model_holds_for(conf: str, modelled: bool) -> None:
+    assert settings_modelled(conf) is modelled
+
+
+def test_replaying_a_cuda_capture_gives_every_block_and_segment_it_recorded() -> None:
+    """A CUDA capture from the process's start (the GQA decoder, 2 layers at full width, bf16, H200):
+    the model fed its requests in order gives each the block the capture recorded (`model_at`
+    returns None at the first disagreement), ends with the capture's live bytes, and reserves what
+    its segment events add up to."""
+    cap = memprof.load(FIXTURES / "gqa_blocks_cuda.memprof")
+    tl = cap.timeline("cuda:0")
+    raw = cap.raw
+    large = raw["bytes"][(raw["kind"] == Kind.ALLOC) & (raw["device_type"] == 1)] > raw["aux"][
+        (raw["kind"] == Kind.ALLOC) & (raw["device_type"] == 1)] + 512
+    assert large.any()  # blocks the allocator did not split are in it
+    model = model_at(raw, tl, len(tl.rows) - 1)
+    assert model is not None
+    assert model.allocated == int(tl.allocated[-1])
+    segments = raw["bytes"][(raw["kind"] == Kind.SEGMENT_ALLOC) & (raw["device_type"] == 1)]
+    assert model.reserved == int(segments.sum())
+    # a wrong block size recorded anywhere: the replay refuses rather than guess
+    bad = raw.copy()
+    first = int(np.flatnonzero((bad["kind"] == Kind.ALLOC) & (bad["device_type"] == 1))[-1])
+    bad["bytes"][first] += 512
+    assert model_at(bad, tl, len(tl.rows) - 1) is None
+
+
+def test_no_model_for_the_cpu_or_a_capture_that_began_mid_run() -> None:
+    cap = memprof.load(FIXTURES / "tiny_compiled.memprof")
+    tl = cap.timeline("cpu")
+    assert model_at(cap.raw, tl, len(tl.rows) - 1) is None
+    cap = memprof.load(FIXTURES / "tiny_compiled_cuda.memprof")  # its model was made before the capture
+    tl = cap.timeline("cuda:0")
+    assert tl.baseline > 0 and model_at(cap.raw, tl, len(tl.rows) - 1) is None
+
+
+def test_no_model_under_allocator_settings_it_does_not_hold_for() -> None:
+    cap = memprof.load(FIXTURES / "gqa_blocks_cuda.memprof")
+    tl = cap.timeline("cuda:0")
+    assert model_at(cap.raw, tl, 100, "garbage_collection_threshold:0.8") is not None
+    assert model_at(cap.raw, tl, 100, "max_split_size_mb:64") is None
