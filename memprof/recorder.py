@@ -128,7 +128,9 @@ class Recorder:
             self.meta["cuda_tracker"] = "not built (CPU-only build of memprof)"
             self._note("memprof was built without CUDA: reserved bytes, requested sizes and streams are missing")
         p = self._patches
-        if self.kernels:
+        if self.scopes == "graphs":
+            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p))
+        elif self.kernels and self.scopes == "ops":
             runtime.kernel_scopes(p)
         # Compile plans: partitioner decisions, wrapper code and buffer origins of every
         # graph compiled during the capture, and which tensors are parameters and state.

@@ -23,6 +23,26 @@ def kernel_scopes(patches: Patches) -> None:
     patches.set("torch.autograd.profiler", "_is_profiler_enabled", True)
 
 
+def graph_call_scopes(patches: Patches) -> None:
+    """Open a user scope named as Inductor's own (`## Call CompiledFxGraph <key> ##`) around each
+    compiled-graph call: what `--scopes graphs` records. Inductor opens its scope only while the
+    profiler flag is set, and as an op scope (RecordScope::FUNCTION), which that mode leaves off
+    (every aten op would run memprof's callback); the flag would also make it open one per kernel
+    launch, which that mode does not record. Needs Inductor loaded (`on_first_compile`)."""
+    import torch
+    from torch._inductor.output_code import CompiledFxGraph
+
+    original = CompiledFxGraph.__dict__["__call__"]
+    record_function = torch.autograd.profiler.record_function
+
+    @functools.wraps(original)
+    def call(self: Any, inputs: Any) -> Any:
+        with record_function(f"## Call CompiledFxGraph {self._fx_graph_cache_key} ##"):
+            return original(self, inputs)
+
+    patches.set("torch._inductor.output_code", "CompiledFxGraph.__call__", call)
+
+
 def on_first_compile(patches: Patches, install: Callable[[], None]) -> None:
     """Run `install` (the compile hooks) before anything compiles, without importing Dynamo and
     Inductor first (about two seconds of a script's start): now if Dynamo is already loaded (a

@@ -267,3 +267,27 @@ def test_dropout_recomputed_below_budget_one_is_flagged(tmp_path: Path) -> None:
     res = invoke_memprof("report", "bert.memprof", "--by", "node", cwd=tmp_path)
     assert res.returncode == 0 and "WARNING" in res.stdout
 
+
+
+def test_scopes_graphs_records_every_compiled_graph_call_and_joins_it() -> None:
+    """`scopes="graphs"` (compiled-graph calls only, no op or kernel scopes): Inductor opens its
+    call scope only as an op scope, under the profiler flag, so memprof opens a user scope of the
+    same name; every call is joined buffer by buffer and the categories equal the full capture's."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    x = torch.randn(32, 64)
+    cats: dict[str, dict[str, int]] = {}
+    for scopes in ("graphs", "ops"):
+        torch._dynamo.reset()
+        step = torch.compile(model)
+        with memprof.capture(scopes=scopes) as cap:
+            for _ in range(2):
+                step(x).sum().backward()
+                model.zero_grad(set_to_none=True)
+        calls = cap.labels("cpu").calls
+        assert len(calls) == 4 and all(c.level == "buffer" for c in calls), [c.reason for c in calls]
+        cats[scopes] = {r.key: r.bytes for r in cap.attribution(by="category", device="cpu")}
+        names = {cap.scope_name(int(s)) for s in np.unique(cap.raw["scope"][cap.raw["kind"] == 2])}
+        if scopes == "graphs":  # no op scope, no kernel scope
+            assert not any(n.startswith(("aten::", "triton_", "cpp_fused")) for n in names), names
+    assert cats["graphs"] == cats["ops"] and "saved_activation" in cats["ops"]
