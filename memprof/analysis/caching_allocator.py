@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -250,3 +251,57 @@ def model_at(raw: np.ndarray, timeline: Timeline, pos: int, alloc_conf: str = ""
     model._next_address = max(model._next_address, int(ends.max()) + ROUND_LARGE if len(ends) else 0)
     model.reset_peaks()
     return model
+
+
+def model_from_segments(segments: Sequence[Mapping[str, Any]], device: int) -> CachingAllocatorModel:
+    """The allocator as a memory snapshot shows it (`torch.cuda.memory._snapshot()["segments"]`: each
+    segment's address, size, stream, pool and blocks in address order, each active or not). Blocks
+    in use get keys below zero (they are never freed by a replay); a block pending free counts as
+    in use, as it does for the allocator until its stream's work is done."""
+    model = CachingAllocatorModel()
+    key = -1
+    for seg in segments:
+        if int(seg.get("device", device)) != device:
+            continue
+        small = seg.get("segment_type") == "small"
+        stream = int(seg.get("stream", 0) or 0)
+        ptr = int(seg["address"])
+        model.reserved += int(seg["total_size"])
+        model.segments += 1
+        prev: _Block | None = None
+        for b in seg.get("blocks", []) or []:
+            block = _Block(ptr, int(b["size"]), stream, small, allocated=b.get("state") != "inactive", prev=prev)
+            if prev is not None:
+                prev.next = block
+            if block.allocated:
+                model._blocks[key] = block
+                model.allocated += block.size
+                key -= 1
+            else:
+                model._insert_free(block)
+            ptr += block.size
+            prev = block
+        model._next_address = max(model._next_address, ptr + ROUND_LARGE)
+    model.reset_peaks()
+    return model
+
+
+def steady_peak(model: CachingAllocatorModel, step: Sequence[Sequence[tuple[int, int]]],
+                between: Sequence[int]) -> int:
+    """The most bytes allocated above a step's start in the step after the first, each step running
+    the request lists of `step` in order from `model` (not changed): after the first, `between` are
+    allocated (what the optimizer's first step makes: its state) and everything the step left is
+    freed (the gradients, by `zero_grad`)."""
+    m = model.copy()
+    resident = set(m._blocks)
+    for requests in step:
+        m.run(requests)
+    for k, nbytes in enumerate(between):
+        m.malloc(-(1 << 62) - k, nbytes)
+    for k in [k for k in m._blocks if k not in resident and k > -(1 << 62)]:
+        m.free(k)
+    start, peak = m.allocated, 0
+    for requests in step:
+        m.run(requests)
+        peak = max(peak, m.peak_allocated - start)
+    return peak

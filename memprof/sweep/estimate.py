@@ -294,7 +294,7 @@ class StepEstimate:
         return self.walk.at_peak
 
 
-BW_KEYS = 10 ** 11  # a backward's allocator keys start this far above its forward's (`estimate_step`)
+BW_KEYS = 10 ** 14  # a backward's allocator keys start this far above its forward's (`estimate_step`)
 # storage ids of a backward's inputs that no forward storage is (tangents, earlier graphs' activations)
 # count down from here; above it, input -sid is the forward's storage sid
 _OTHER_INPUTS = -(10 ** 9)

@@ -313,8 +313,8 @@ def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
 
 
 def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None,
-              probes: dict[str, list[Any]] | None = None, allocator: CachingAllocatorModel | None = None
-              ) -> tuple[dict[str, float | None], CaptureEstimate | None]:
+              probes: dict[str, list[Any]] | None = None, allocator: CachingAllocatorModel | None = None,
+              between: Sequence[int] | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
     its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a
@@ -323,7 +323,8 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     its ranking only). `torch_version`: the torch the graphs ran under (a capture's; default the
     running one). `probes`: the fallback calls' scratch the capture recorded (`probe.probe_plans`):
     taken as measured, no kernel runs for them here. `allocator`: the CUDA caching allocator when the
-    step began (`caching_allocator.model_at`): memprof's estimate then counts its blocks."""
+    step began (`caching_allocator.model_at`): memprof's estimate then counts its blocks; with
+    `between`, `allocator` is its state before the first step (`estimate_capture_plans`)."""
     from memprof.sweep.probe import preload
     from memprof.sweep.step_estimate import estimate_capture_plans
 
@@ -336,7 +337,8 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
         return out, None
     walk: CaptureEstimate | None = None
     try:
-        walk = estimate_capture_plans(plans, graphs, device, torch_version=torch_version, allocator=allocator)
+        walk = estimate_capture_plans(plans, graphs, device, torch_version=torch_version, allocator=allocator,
+                                      between=between)
     except Exception:  # a wrapper this walk does not understand: no estimate, never a failed sweep
         walk = None
     out["memprof"] = walk.peak if walk else None

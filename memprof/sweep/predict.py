@@ -36,13 +36,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memprof.analysis.caching_allocator import CachingAllocatorModel, model_from_segments, settings_modelled
 from memprof.sweep.measure import ChildResult, Measured, estimate_fields, estimates, merge_facts, plan_facts
 from memprof.torch_hooks.patch import Patches
 from memprof.torch_hooks.predict import (
     EagerRun,
     LazyKernel,
+    allocator_segments,
     eager_runs,
     lazy_kernels,
+    optimizer_state_requests,
     share_joint_graph,
     sharing_available,
     stop_at_backward,
@@ -100,6 +103,18 @@ class _Book:
     seconds: dict[float, float] = field(default_factory=dict)
     shared_seconds: float = 0.0  # within `compiling`, but work for every budget (the joint-graph passes)
     errors: dict[float, str] = field(default_factory=dict)
+    # the CUDA caching allocator before the first compiled graph ran (device, snapshot segments), and
+    # what the optimizers' first step will allocate there (`optimizer_state_requests`)
+    segments: tuple[int, list[dict[str, Any]]] | None = None
+    optimizer_state: tuple[list[int], list[str]] | None = None
+
+    def before_first_run(self) -> None:
+        if self.segments is None:
+            self.segments = allocator_segments() or (-1, [])
+
+    def at_stop(self) -> None:
+        if self.segments is not None and self.segments[0] >= 0:
+            self.optimizer_state = optimizer_state_requests(self.segments[0])
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:
@@ -154,12 +169,36 @@ def predict(script: str, args: list[str], budgets: Sequence[float], remat: str |
         lazy_kernels(patches, book.kernels)
         turn = DeviceTurn(device_lock)
         undo.callback(turn.release)  # after the script (ExitStack: last in, first out)
-        eager_runs(patches, book.eager, notes.append, turn)
-        stop_at_backward(patches, _Stop)
+        def before_run() -> None:
+            turn()
+            book.before_first_run()
+
+        eager_runs(patches, book.eager, notes.append, before_run)
+        stop_at_backward(patches, _Stop, book.at_stop)
         result = run_script(script, args, stop=_Stop)
     total = time.perf_counter() - t0
     shared = total - sum(book.seconds.values())  # the script, Dynamo, the joint graph: every budget's
     return [_result(recorder, book, b, budgets, remat, result, shared, notes) for b in budgets]
+
+
+def _allocator(book: _Book, device: str, notes: list[str]) -> tuple[CachingAllocatorModel | None, list[int] | None]:
+    """The caching allocator's model as the script left it before its first compiled graph ran, and
+    the optimizers' state to come (None, None: not a CUDA run, allocator settings the model does not
+    hold for, or no optimizer state known: the estimate then counts requests)."""
+    import os
+
+    if device != "cuda" or book.segments is None or book.segments[0] < 0 or book.optimizer_state is None:
+        return None, None
+    if not settings_modelled(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):
+        return None, None
+    requests, unknown = book.optimizer_state
+    if unknown:
+        note = (f"memprof's estimate counts requests, not the caching allocator's blocks: the state of "
+                f"{', '.join(unknown)} is not modelled")
+        if note not in notes:
+            notes.append(note)
+        return None, None
+    return model_from_segments(book.segments[1], book.segments[0]), requests
 
 
 def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], remat: str | None, result: Any,
@@ -175,7 +214,9 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
     error = book.errors.get(b)
     kernels, compiled = book.kernel_counts(b)
     device = "cuda" if any("empty_strided_cuda" in g.source for g in graphs) else "cpu"
-    found, walk = estimates(plans, graphs, device) if error is None else ({}, None)
+    allocator, between = _allocator(book, device, notes)
+    found, walk = (estimates(plans, graphs, device, allocator=allocator, between=between) if error is None
+                   else ({}, None))
     explained = estimate_fields(walk)
     ok = result.status in ("stopped", "completed", "exit") and result.exit_code == 0
     if error is not None:

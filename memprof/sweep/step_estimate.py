@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from memprof.analysis.caching_allocator import CachingAllocatorModel
+from memprof.analysis.caching_allocator import CachingAllocatorModel, steady_peak
 from memprof.plans import FxNode, Plan
 from memprof.sweep.block_peak import block_peak, chain_requests
 from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, running_torch_version, tangents_held
@@ -66,7 +66,8 @@ class CaptureEstimate:
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
                            probe: bool = True, torch_version: str | None = None,
-                           allocator: CachingAllocatorModel | None = None) -> CaptureEstimate | None:
+                           allocator: CachingAllocatorModel | None = None,
+                           between: Sequence[int] | None = None) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
     wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
     a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
@@ -74,7 +75,10 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     is running: those calls are named in `unprobed`). `torch_version`: the torch the graphs ran
     under (the capture's; default the running one), which decides how long tangents live.
     `allocator`: the CUDA caching allocator as it was when the step began (`caching_allocator.model_at`):
-    the step's requests are replayed through it and the peak counts its blocks."""
+    the step's requests are replayed through it and the peak counts its blocks. `between`: where
+    `allocator` is its state before the first step (a prediction: no step ran), what is allocated
+    between the first step and the next (the optimizer's state, `optimizer_state_requests`): the
+    peak is then the second step's, the first having left its free blocks as a running job's do."""
     import dataclasses
 
     from memprof.sweep.probe import probe_graph_calls, unprobed
@@ -122,8 +126,12 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         return None
     best = dataclasses.replace(best, unprobed=tuple(missed), requested_peak=best.peak)
     if allocator is not None:
-        peak = max(block_peak(allocator, chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block))
-                   for chain in _chains(links))
+        steps = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block)
+                 for chain in _chains(links)]
+        if between is not None:
+            peak = steady_peak(allocator, steps, between)
+        else:
+            peak = max(block_peak(allocator, requests) for requests in steps)
         at_peak = dict(best.at_peak)
         if peak > best.peak:
             at_peak["unsplit blocks"] = peak - best.peak
@@ -131,7 +139,9 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     return best
 
 
-_KEYS_PER_PAIR = 10 ** 12  # allocator keys of pair i start at (i + 1) times this (`estimate_step`'s key_base)
+# allocator keys of pair i start at (i + 1) times this (`estimate_step`'s key_base): above any device
+# address, which a replayed capture's resident blocks are keyed by
+_KEYS_PER_PAIR = 10 ** 15
 
 
 def _chains(links: Sequence[Mapping[str, int]]) -> list[list[int]]:

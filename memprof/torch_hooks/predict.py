@@ -240,11 +240,68 @@ def _joint_passes_once(book: Book, reuse: bool) -> Iterator[Callable[[], None]]:
 
 
 
-def stop_at_backward(patches: Patches, stop: type[BaseException]) -> None:
+def stop_at_backward(patches: Patches, stop: type[BaseException], before: Callable[[], None] | None = None) -> None:
     """`Tensor.backward` and `torch.autograd.backward` raise `stop`: the first backward call ends
-    the script (not `torch.autograd.grad`: AOTAutograd traces the joint graph with it)."""
+    the script (not `torch.autograd.grad`: AOTAutograd traces the joint graph with it). `before` is
+    called first, while the script's objects are still alive."""
     def raise_stop(*_a: Any, **_k: Any) -> Any:
+        if before is not None:
+            before()
         raise stop()
 
     patches.set("torch", "Tensor.backward", raise_stop)
     patches.set("torch.autograd", "backward", raise_stop)
+
+
+def allocator_segments() -> tuple[int, list[dict[str, Any]]] | None:
+    """The current CUDA device and its caching allocator's segments as a memory snapshot shows them
+    (`torch.cuda.memory._snapshot()`); None where CUDA is not initialized or another allocator
+    backend (cudaMallocAsync) serves it."""
+    import torch
+
+    if not torch.cuda.is_initialized() or torch.cuda.get_allocator_backend() != "native":  # type: ignore[no-untyped-call]
+        return None
+    device = torch.cuda.current_device()
+    segments = torch.cuda.memory._snapshot().get("segments", [])
+    return device, [s for s in segments if int(s.get("device", -1)) == device]
+
+
+def optimizer_state_requests(device: int) -> tuple[list[int], list[str]]:
+    """What the first step of each live optimizer allocates on CUDA device `device`, in the order it
+    does (its state; Adam and AdamW: per parameter the step count where it lives on the device
+    (fused or capturable), exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad; SGD: a momentum
+    buffer where momentum is set); and the names of optimizers whose state is not known this way.
+    Parameters whose state exists already (a step ran) allocate nothing."""
+    import gc
+    import warnings
+
+    import torch
+
+    requests: list[int] = []
+    unknown: set[str] = set()
+    with warnings.catch_warnings():  # isinstance() on deprecated module proxies warns
+        warnings.simplefilter("ignore")
+        optimizers = [o for o in gc.get_objects() if _is_optimizer(o, torch.optim.Optimizer)]
+    for opt in optimizers:
+        adam = isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
+        for group in opt.param_groups:
+            for p in group["params"]:
+                elsewhere = p.device.type != "cuda" or (p.device.index or 0) != device
+                if not p.requires_grad or elsewhere or opt.state.get(p):
+                    continue
+                nbytes = p.numel() * p.element_size()
+                if adam:
+                    requests += [4] if group.get("fused") or group.get("capturable") else []
+                    requests += [nbytes] * (3 if group.get("amsgrad") else 2)
+                elif isinstance(opt, torch.optim.SGD):
+                    requests += [nbytes] if group.get("momentum") else []
+                else:
+                    unknown.add(type(opt).__name__)
+    return requests, sorted(unknown)
+
+
+def _is_optimizer(o: Any, cls: type) -> bool:
+    try:
+        return isinstance(o, cls)
+    except ReferenceError:  # a weakref.proxy whose object is gone
+        return False
