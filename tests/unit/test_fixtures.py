@@ -45,6 +45,8 @@ def test_attribution_sums_to_the_peak_to_the_byte(cap: memprof.Capture) -> None:
     calls = cap.labels(dev).calls
     if cap.meta.get("scopes", "ops") == "ops":
         assert calls and all(c.level == "buffer" for c in calls), [c.reason for c in calls if c.level != "buffer"]
+    elif cap.meta.get("scopes") == "graphs":  # the calls are recorded, without op scopes to join extern ops
+        assert calls
 
 
 def test_cuda_capture_equals_pytorchs_own_counters() -> None:
