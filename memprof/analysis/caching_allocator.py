@@ -34,6 +34,9 @@ SMALL_BUFFER = 2 << 20  # kSmallBuffer: a small pool's segment
 LARGE_BUFFER = 20 << 20  # kLargeBuffer: the segment for a request between 1 and 10 MiB
 MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc: from here a segment is the request rounded up
 ROUND_LARGE = 2 << 20  # kRoundLarge: large segments are multiples of 2 MiB
+# allocator events `model_at` replays at most: about 1.5 µs each in Python, so a report of a long
+# capture spends at most a second or two on it (beyond, the estimate counts requests)
+REPLAY_EVENTS = 1_000_000
 
 
 def round_size(nbytes: int) -> int:
@@ -209,14 +212,15 @@ def replay(requests: Iterable[tuple[int, int, int]]) -> CachingAllocatorModel:
     return model
 
 
-def model_at(raw: np.ndarray, timeline: Timeline, pos: int, alloc_conf: str = "") -> CachingAllocatorModel | None:
+def model_at(raw: np.ndarray, timeline: Timeline, pos: int, alloc_conf: str = "",
+             limit: int = REPLAY_EVENTS) -> CachingAllocatorModel | None:
     """The allocator of `timeline`'s device as it was just after timeline position `pos`, replayed
     from the capture's requests with its segments where the capture saw them; None where the capture
     cannot give it exactly: not a CUDA device, allocator settings the model does not hold for
     (`alloc_conf`: the capture's PYTORCH_CUDA_ALLOC_CONF), a capture that began mid-run (blocks or
-    segments from before it), requests not recorded, or a replay that disagrees with a recorded
-    block or segment."""
-    if not timeline.device.startswith("cuda") or timeline.baseline or timeline.reserved_baseline:
+    segments from before it), requests not recorded, a replay that disagrees with a recorded
+    block or segment, or more than `limit` events to replay."""
+    if not timeline.device.startswith("cuda") or timeline.baseline or timeline.reserved_baseline or pos + 1 > limit:
         return None
     if not settings_modelled(alloc_conf):
         return None

@@ -108,6 +108,7 @@ def test_no_model_under_allocator_settings_it_does_not_hold_for() -> None:
     tl = cap.timeline("cuda:0")
     assert model_at(cap.raw, tl, 100, "garbage_collection_threshold:0.8") is not None
     assert model_at(cap.raw, tl, 100, "max_split_size_mb:64") is None
+    assert model_at(cap.raw, tl, 100, limit=100) is None  # a long capture: not replayed past the limit
 
 
 def test_a_snapshots_segments_give_the_allocators_state() -> None:
