@@ -37,6 +37,7 @@ ROUND_LARGE = 2 << 20  # kRoundLarge: large segments are multiples of 2 MiB
 # allocator events `model_at` replays at most: about 1.5 µs each in Python, so a report of a long
 # capture spends at most a second or two on it (beyond, the estimate counts requests)
 REPLAY_EVENTS = 1_000_000
+_BETWEEN_KEYS = -(1 << 62)  # `steady_peak`'s keys for what is allocated between two steps count down from here
 
 
 def round_size(nbytes: int) -> int:
@@ -201,17 +202,6 @@ class CachingAllocatorModel:
         del self._free_at[(block.small, block.ptr)]
 
 
-def replay(requests: Iterable[tuple[int, int, int]]) -> CachingAllocatorModel:
-    """A model fed `requests`: (key, bytes, stream) to allocate, (key, 0, stream) to free, in order."""
-    model = CachingAllocatorModel()
-    for key, nbytes, stream in requests:
-        if nbytes > 0:
-            model.malloc(key, nbytes, stream)
-        else:
-            model.free(key)
-    return model
-
-
 def model_at(raw: np.ndarray, timeline: Timeline, pos: int, alloc_conf: str = "",
              limit: int = REPLAY_EVENTS) -> CachingAllocatorModel | None:
     """The allocator of `timeline`'s device as it was just after timeline position `pos`, replayed
@@ -300,9 +290,10 @@ def steady_peak(model: CachingAllocatorModel, step: Sequence[Sequence[tuple[int,
     resident = set(m._blocks)
     for requests in step:
         m.run(requests)
-    for k, nbytes in enumerate(between):
-        m.malloc(-(1 << 62) - k, nbytes)
-    for k in [k for k in m._blocks if k not in resident and k > -(1 << 62)]:
+    kept = {_BETWEEN_KEYS - k for k in range(len(between))}  # below the snapshot's keys (-1, -2, ...)
+    for key, nbytes in zip(sorted(kept, reverse=True), between, strict=True):
+        m.malloc(key, nbytes)
+    for k in [k for k in m._blocks if k not in resident and k not in kept]:
         m.free(k)
     start, peak = m.allocated, 0
     for requests in step:

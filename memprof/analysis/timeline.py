@@ -240,8 +240,7 @@ def window_rise(timeline: Timeline, start_row: int, end_row: int) -> tuple[int, 
     resident while it runs, not above its start; with nothing freed first, this is `window_peak`
     less the starting level."""
     p0 = timeline.pos_before_row(start_row)
-    p1 = timeline.pos_before_row(end_row)
-    levels = np.concatenate(([timeline.allocated_at_pos(p0)], timeline.allocated[p0 + 1 : p1 + 1]))
+    levels = _levels(timeline, p0, timeline.pos_before_row(end_row))
     rises = levels - np.minimum.accumulate(levels)
     at = int(np.argmax(rises))
     return int(rises[at]), p0 + at
@@ -254,8 +253,13 @@ def rise_start(timeline: Timeline, start_row: int, high_pos: int) -> int:
     p0 = timeline.pos_before_row(start_row)
     if high_pos <= p0:
         return p0
-    levels = np.concatenate(([timeline.allocated_at_pos(p0)], timeline.allocated[p0 + 1 : high_pos + 1]))
+    levels = _levels(timeline, p0, high_pos)
     return p0 + int(len(levels) - 1 - np.argmin(levels[::-1]))
+
+
+def _levels(timeline: Timeline, p0: int, p1: int) -> np.ndarray:
+    """The live bytes at position `p0` (before a window: its starting level) and after each event to `p1`."""
+    return np.concatenate(([timeline.allocated_at_pos(p0)], timeline.allocated[p0 + 1 : p1 + 1]))
 
 
 @dataclass(frozen=True)

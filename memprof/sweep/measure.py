@@ -270,7 +270,8 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         k = ex.index(step_peak) if step_peak in ex else 0
         pos = pp[k]
         slack = block_slack(cap, tl, windows[measured][k][0], pos)
-        allocator = model_at(cap.raw, tl, rise_start(tl, windows[measured][k][0], pos), cap.info.alloc_conf or "")
+        if cap.plans:  # (only memprof's estimate of the compiled pairs replays through it)
+            allocator = model_at(cap.raw, tl, rise_start(tl, windows[measured][k][0], pos), cap.info.alloc_conf or "")
         if attribution:
             try:
                 from memprof.analysis.attribution import rows_at

@@ -30,6 +30,21 @@ def _is_fake(tensor: Any) -> bool:
     return bool(is_fake(tensor))
 
 
+def live_instances(cls: type) -> list[Any]:
+    """Every object the garbage collector tracks that is an instance of `cls` (the live modules,
+    optimizers)."""
+    found = []
+    with warnings.catch_warnings():  # isinstance() on deprecated module proxies warns
+        warnings.simplefilter("ignore")
+        for o in gc.get_objects():
+            try:
+                if isinstance(o, cls):
+                    found.append(o)
+            except ReferenceError:  # a weakref.proxy whose object is gone
+                continue
+    return found
+
+
 class KnownTensorRecorder:
     """The known tensors seen so far (`tensors`), from the modules and the optimizer steps."""
 
@@ -87,15 +102,7 @@ class KnownTensorRecorder:
         """Parameters and buffers of every live nn.Module (names from the outermost modules)."""
         import torch
 
-        modules = []
-        with warnings.catch_warnings():  # isinstance() on deprecated module proxies warns
-            warnings.simplefilter("ignore")
-            for o in gc.get_objects():
-                try:
-                    if isinstance(o, torch.nn.Module):
-                        modules.append(o)
-                except ReferenceError:  # a weakref.proxy whose object is gone
-                    continue
+        modules = live_instances(torch.nn.Module)
         children = {id(c) for m in modules for c in m.children()}
         t = self.now_ns()
         seen: set[int] = set()

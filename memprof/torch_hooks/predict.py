@@ -272,17 +272,13 @@ def optimizer_state_requests(device: int) -> tuple[list[int], list[str]]:
     (fused or capturable), exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad; SGD: a momentum
     buffer where momentum is set); and the names of optimizers whose state is not known this way.
     Parameters whose state exists already (a step ran) allocate nothing."""
-    import gc
-    import warnings
-
     import torch
+
+    from memprof.torch_hooks.known_tensors import live_instances
 
     requests: list[int] = []
     unknown: set[str] = set()
-    with warnings.catch_warnings():  # isinstance() on deprecated module proxies warns
-        warnings.simplefilter("ignore")
-        optimizers = [o for o in gc.get_objects() if _is_optimizer(o, torch.optim.Optimizer)]
-    for opt in optimizers:
+    for opt in live_instances(torch.optim.Optimizer):
         adam = isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
         for group in opt.param_groups:
             for p in group["params"]:
@@ -298,10 +294,3 @@ def optimizer_state_requests(device: int) -> tuple[list[int], list[str]]:
                 else:
                     unknown.add(type(opt).__name__)
     return requests, sorted(unknown)
-
-
-def _is_optimizer(o: Any, cls: type) -> bool:
-    try:
-        return isinstance(o, cls)
-    except ReferenceError:  # a weakref.proxy whose object is gone
-        return False
