@@ -9,11 +9,15 @@ lands; `sweep` checks its output directory with `sweep.runner.prepare_dir`.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import io
 import json
 import math
 import os
+import queue
 import tempfile
-from collections.abc import Callable, Iterable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -91,12 +95,19 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object], replace: bool
     disk) leaves neither a partial file nor the temporary one. Without `replace`, a file at `path`
     (one that appeared meanwhile) is kept and FileExistsError raised: the move is a hard link, which
     never replaces a file."""
+    with _atomic(path, replace) as fh:
+        write(fh)
+    return path
+
+
+@contextlib.contextmanager
+def _atomic(path: Path, replace: bool) -> Iterator[IO[bytes]]:
     parent = path.parent if str(path.parent) else Path(".")
     fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as fh:
             os.fchmod(fh.fileno(), 0o666 & ~current_umask())  # mkstemp makes it 0600
-            write(fh)
+            yield fh
         if replace:
             os.replace(tmp, path)
         else:
@@ -105,7 +116,68 @@ def atomic_write(path: Path, write: Callable[[IO[bytes]], object], replace: bool
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    return path
+
+
+class _Deflate(io.RawIOBase):
+    """Bytes gzip-compressed and written on a second thread (zlib lets go of the GIL while it
+    compresses), so an export's compression overlaps the formatting that feeds it."""
+
+    def __init__(self, fh: IO[bytes], level: int) -> None:
+        super().__init__()
+        self._gz = gzip.GzipFile(fileobj=fh, mode="wb", compresslevel=level, mtime=0)
+        self._queue: queue.Queue[bytes | None] = queue.Queue(maxsize=8)  # at most 8 MB in flight
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="memprof-gzip", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (chunk := self._queue.get()) is not None:
+            if self._error is None:
+                try:
+                    self._gz.write(chunk)
+                except BaseException as exc:  # (a full disk) raised where the writer next writes
+                    self._error = exc
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if self._error is not None:
+            raise self._error
+        chunk = bytes(data)
+        self._queue.put(chunk)
+        return len(chunk)
+
+    def close(self) -> None:
+        if not self.closed:
+            self._queue.put(None)
+            self._thread.join()
+            if self._error is None:
+                self._gz.close()
+        super().close()
+        if self._error is not None:
+            raise self._error
+
+
+@contextlib.contextmanager
+def output_stream(path: Path, binary: bool = False, replace: bool = True) -> Iterator[IO[Any]]:
+    """A file object that writes `path` as `atomic_write` does (nothing at `path` until it closes
+    without error), gzip-compressed where the name ends in `.gz` (Perfetto opens a `.json.gz` trace
+    as it is; about a tenth of the JSON's size); text is written as UTF-8 unless `binary`."""
+    with _atomic(path, replace) as fh:
+        deflate = _Deflate(fh, 6) if path.name.endswith(".gz") else None
+        raw: IO[bytes] = fh if deflate is None else io.BufferedWriter(deflate, 1 << 20)  # type: ignore[assignment]
+        try:
+            if binary:
+                yield raw
+            else:
+                text = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+                yield text
+                text.detach()  # (flushes it; `raw` stays open)
+            raw.flush()
+        finally:
+            if deflate is not None:
+                deflate.close()  # (after an error too: its thread ends; the partial file goes)
 
 
 def _move_new(tmp: str, path: Path) -> None:
@@ -135,14 +207,10 @@ def write_text(path: Path, text: str, replace: bool = True) -> Path:
 
 
 def write_output(path: Path, data: str | bytes, replace: bool = True) -> Path:
-    """`atomic_write` of an export: text as UTF-8, gzip-compressed where the name ends in `.gz`
-    (Perfetto opens a `.json.gz` trace as it is; about a sixth of the JSON's size)."""
-    import gzip
-
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    if path.name.endswith(".gz"):
-        raw = gzip.compress(raw, compresslevel=6, mtime=0)
-    return atomic_write(path, lambda fh: fh.write(raw), replace)
+    """`output_stream` of an export held in memory."""
+    with output_stream(path, binary=isinstance(data, bytes), replace=replace) as out:
+        out.write(data)
+    return path
 
 
 def existing_file(path: str | os.PathLike[str], missing: str, directory: str,

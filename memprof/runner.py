@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import importlib.machinery
 import os
 import shlex
@@ -33,7 +34,7 @@ from memprof.capture_info import Keep
 from memprof.console import flush_std, say
 from memprof.errors import MemprofError
 from memprof.outcome import ScriptResult, outcome
-from memprof.outputs import existing_file, shown, write_output
+from memprof.outputs import existing_file, shown
 
 if TYPE_CHECKING:
     from memprof.capture import Capture
@@ -241,15 +242,15 @@ def report(cap: Capture, exports: Mapping[str, Path], save_error: str | None, la
     and the `exports` (format -> path: "chrome", "html"). Of a distributed run's ranks only rank 0
     prints it; the others print only what went wrong."""
     from memprof.errors import MemprofError
-    from memprof.reporters import render
+    from memprof.reporters import render, write
 
     quiet = cap.info.rank not in (None, 0)
     if not quiet:
-        say(render("text", cap))
+        say(render("text", cap).rstrip("\n"))
     for fmt, path in exports.items():
         _option, what, hint = EXPORTS[fmt]
         try:
-            written = _write_new(path, render(fmt, cap), force)
+            written = _write_new(path, functools.partial(write, fmt, cap), force)
             if not quiet:
                 say(f"memprof: {what} written to {shown(written, launch)} ({hint})")
         except OSError as exc:
@@ -267,14 +268,15 @@ def report(cap: Capture, exports: Mapping[str, Path], save_error: str | None, la
         say(f"memprof: error: {save_error}")
 
 
-def _write_new(path: Path, text: str, force: bool) -> Path:
-    """Write `path`; without `force` a file that appeared there meanwhile is kept (`outputs.free_name`)."""
+def _write_new(path: Path, write: Callable[..., Path], force: bool) -> Path:
+    """`write(target, replace)` at `path`; without `force` a file that appeared there meanwhile is kept
+    (`outputs.free_name`)."""
     from memprof.outputs import free_name
 
     target = path
     while True:
         try:
-            return write_output(target, text, replace=force)
+            return write(target, force)
         except FileExistsError:
             target = free_name(path)
             say(f"memprof: warning: {path} appeared while the capture ran (memprof did not write it) and is not "

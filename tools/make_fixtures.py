@@ -4,6 +4,7 @@
     python tools/make_fixtures.py --cuda     # on a GPU machine: tiny_compiled_cuda.memprof
     python tools/make_fixtures.py --zoo      # on the CPU: gpt2_bf16_cpu.memprof
     python tools/make_fixtures.py --blocks   # on a GPU machine: gqa_blocks_cuda.memprof
+    python tools/make_fixtures.py --snapshot # on a GPU machine: tiny_snapshot_cuda.pickle (+ .json)
 
 A two-layer MLP compiled with Inductor, three AdamW steps, so that each file has every member
 (events, strings, threads, plans, wrapper sources; on CUDA also the allocator tracker's reserved
@@ -20,11 +21,17 @@ sweep's step peak and memprof's estimate (tests/unit/test_zoo_estimate.py).
 compiled-graph scopes only, to keep the file small) on the GPU, from the process's start: the
 caching allocator hands whole blocks to some requests there, so the tests of its model
 (tests/unit/test_caching_allocator.py) replay every block and the estimate's count of them.
+
+`--snapshot` is not memprof's: it is what a user brings, `torch.cuda.memory._dump_snapshot` of the
+same MLP's three steps with the allocator's history on from before the model was made (Python
+stacks only, to keep the file small), and beside it what PyTorch reported (`max_memory_allocated`,
+`memory_allocated` at the end) for the tests of reading a real snapshot (tests/unit/test_snapshot_real.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -59,13 +66,40 @@ def tiny_compiled(device: str) -> memprof.Capture:
     return cap
 
 
+def real_snapshot(out: Path) -> None:
+    torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
+    torch.cuda.reset_peak_memory_stats()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    compiled = torch.compile(model)
+    for _ in range(3):
+        compiled(torch.randn(16, 32, device="cuda")).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    torch.cuda.synchronize()
+    torch.cuda.memory._dump_snapshot(str(out))
+    torch.cuda.memory._record_memory_history(enabled=None)
+    expected = {"max_memory_allocated": int(torch.cuda.max_memory_allocated()),
+                "memory_allocated": int(torch.cuda.memory_allocated()),
+                "memory_reserved": int(torch.cuda.memory_reserved()),
+                "torch": torch.__version__}
+    out.with_suffix(".json").write_text(json.dumps(expected, indent=1) + "\n")
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cuda", action="store_true", help="the CUDA fixture (needs a GPU)")
     p.add_argument("--zoo", action="store_true", help="the bf16 GPT-2 fixture (CPU)")
     p.add_argument("--blocks", action="store_true", help="the GQA decoder's caching-allocator fixture (needs a GPU)")
+    p.add_argument("--snapshot", action="store_true", help="a real _dump_snapshot of the MLP (needs a GPU)")
     ns = p.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
+    if ns.snapshot:
+        out = OUT / "tiny_snapshot_cuda.pickle"
+        real_snapshot(out)
+        print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+        raise SystemExit(0)
     if ns.blocks:
         out = OUT / "gqa_blocks_cuda.memprof"
         script = OUT.parents[1] / "examples" / "train_gqa.py"

@@ -37,7 +37,7 @@ from memprof.analysis.timeline import Timeline
 from memprof.plans import CompiledGraph, KnownTensor, Plan
 
 __all__ = ["BEFORE_CAPTURE", "BY", "CATEGORIES", "AttributionRow", "CallJoin", "Category", "Labels",
-           "category_series", "label_timeline", "point_of", "rows_at"]
+           "category_series", "category_start", "label_timeline", "point_of", "rows_at"]
 
 BY = ("category", "node", "layer", "kernel")
 _GRAPH_CALL = "## Call CompiledFxGraph "
@@ -334,9 +334,15 @@ def category_series(tl: Timeline, labels: Labels, keep: np.ndarray | None = None
         sel = cats == c
         if sel.any():
             out[:, c] = np.cumsum(np.where(sel, tl.delta, 0))[idx]
+    return np.asarray(out + category_start(tl, labels))
+
+
+def category_start(tl: Timeline, labels: Labels) -> np.ndarray:
+    """Live bytes per category before the timeline's first event: the baseline, unattributed but for
+    the blocks live at the start that the capture's snapshot labelled."""
     start = np.zeros(len(CATEGORIES), dtype=np.int64)
     start[Category.UNATTRIBUTED] = tl.baseline
     if len(labels.pre_size) and int(labels.pre_size.sum()) <= tl.baseline:
         np.add.at(start, labels.pre_category.astype(np.int64), labels.pre_size)
         start[Category.UNATTRIBUTED] -= int(labels.pre_size.sum())
-    return out + start
+    return start

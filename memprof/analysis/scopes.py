@@ -10,6 +10,7 @@ top-level scopes inside a call) is this rule applied to the events it concerns.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -27,72 +28,98 @@ class Pair(NamedTuple):
     closed: bool  # False: closed by an outer scope's end, or never closed (end -1)
 
 
-class _Open:
-    """One thread's open scopes, with where each id is open: the rule's search (the innermost open scope
-    of an id) in constant time, so a thread's events pair in linear time whatever they hold (an end
-    that matches nothing, against thousands open, is ignored at once)."""
+def _run(kinds: Sequence[int], scopes: Sequence[int], pairs: list[list[int]]) -> tuple[list[int], list[int]]:
+    """The rule over one thread's events: appends (begin, end, scope, depth, closed) columns to
+    `pairs` as scopes close, and returns the indices and ids still open, outermost first.
 
-    def __init__(self) -> None:
-        self.stack: list[tuple[int, int]] = []  # (index, scope)
-        self.where: dict[int, list[int]] = {}  # scope -> its positions in the stack, innermost last
-
-    def begin(self, index: int, scope: int) -> None:
-        self.where.setdefault(scope, []).append(len(self.stack))
-        self.stack.append((index, scope))
-
-    def match(self, scope: int) -> int:
-        """The position of the innermost open scope with this id (-1: none, the end is ignored)."""
-        at = self.where.get(scope)
-        return at[-1] if at else -1
-
-    def pop(self) -> tuple[int, int]:
-        index, scope = self.stack.pop()
-        self.where[scope].pop()
-        return index, scope
+    Linear whatever the events hold: an end that does not close the innermost scope looks its id up
+    in a count of the open ones (an end that matches nothing, against thousands open, is ignored at
+    once), and the search down the stack for it closes every scope it passes."""
+    open_index: list[int] = []
+    open_scope: list[int] = []
+    count: dict[int, int] = {}
+    begin = int(Kind.SCOPE_BEGIN)
+    b_col, e_col, s_col, d_col, c_col = pairs
+    for i, (kind, scope) in enumerate(zip(kinds, scopes, strict=True)):
+        if kind == begin:
+            open_index.append(i)
+            open_scope.append(scope)
+            count[scope] = count.get(scope, 0) + 1
+        elif open_scope and open_scope[-1] == scope:
+            count[scope] -= 1
+            open_scope.pop()
+            b_col.append(open_index.pop())
+            e_col.append(i)
+            s_col.append(scope)
+            d_col.append(len(open_scope))
+            c_col.append(1)
+        elif count.get(scope, 0):
+            while True:  # close the scopes opened inside it (their ends were not seen), then it
+                inner = open_scope.pop()
+                count[inner] -= 1
+                b_col.append(open_index.pop())
+                e_col.append(i)
+                s_col.append(inner)
+                d_col.append(len(open_scope))
+                c_col.append(int(inner == scope))
+                if inner == scope:
+                    break
+    return open_index, open_scope
 
 
 def pair(kinds: Sequence[int], scopes: Sequence[int]) -> list[Pair]:
     """Pair one thread's begin/end events (in order) by the rule above; in the order they close,
     then the ones left open, innermost first."""
-    open_ = _Open()
-    out: list[Pair] = []
-    for i, (kind, scope) in enumerate(zip(kinds, scopes, strict=True)):
-        if kind == Kind.SCOPE_BEGIN:
-            open_.begin(i, scope)
-            continue
-        j = open_.match(scope)
-        if j >= 0:
-            while len(open_.stack) > j:
-                b, s = open_.pop()
-                out.append(Pair(b, i, s, len(open_.stack), len(open_.stack) == j))
-    while open_.stack:
-        b, s = open_.pop()
-        out.append(Pair(b, -1, s, len(open_.stack), False))
+    cols: list[list[int]] = [[], [], [], [], []]
+    left, left_scope = _run(kinds, scopes, cols)
+    out = [Pair(b, e, s, d, bool(c)) for b, e, s, d, c in zip(*cols, strict=True)]
+    out += [Pair(left[k], -1, left_scope[k], k, False) for k in range(len(left) - 1, -1, -1)]
     return out
 
 
-def open_scopes(kinds: Sequence[int], scopes: Sequence[int]) -> list[int]:
-    """The scope ids still open (outermost first) after one thread's events, by the same rule as
-    `pair` (without building the pairs: the stack at one event of a long capture)."""
-    open_ = _Open()
-    for i, (kind, scope) in enumerate(zip(kinds, scopes, strict=True)):
-        if kind == Kind.SCOPE_BEGIN:
-            open_.begin(i, scope)
-        elif (j := open_.match(scope)) >= 0:
-            while len(open_.stack) > j:
-                open_.pop()
-    return [s for _i, s in open_.stack]
+def pair_arrays(kinds: np.ndarray, scopes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """`pair` in columns: begin index, end index (-1: open), depth and closed of each scope, in no
+    particular order. Where every end closes the innermost open scope (the events of a real
+    capture), the pairs come from the nesting depth alone, without a loop over the events; else
+    (ends missing or unmatched) from `pair` itself, so both give the rule's pairs."""
+    n = len(kinds)
+    is_begin = np.asarray(kinds) == Kind.SCOPE_BEGIN
+    after = np.cumsum(np.where(is_begin, 1, -1))
+    if n and int(after.min()) >= 0:
+        # A begin at depth d and the end that brings the depth back to d are consecutive among the
+        # events at level d (no other begin at d can come between them), so pairs are neighbours.
+        level = np.where(is_begin, after - 1, after)
+        order = np.argsort(level, kind="stable")
+        lv, ib = level[order], is_begin[order]
+        at = np.flatnonzero(ib)
+        nxt = np.minimum(at + 1, n - 1)
+        has_end = (at + 1 < n) & (lv[nxt] == lv[at]) & ~ib[nxt]
+        begins, ends = order[at], np.where(has_end, order[nxt], -1)
+        scopes = np.asarray(scopes)
+        if np.array_equal(scopes[begins[has_end]], scopes[ends[has_end]]):
+            return begins.astype(np.int64), ends.astype(np.int64), lv[at].astype(np.int64), has_end
+    cols: list[list[int]] = [[], [], [], [], []]
+    left, _ = _run(np.asarray(kinds).tolist(), np.asarray(scopes).tolist(), cols)
+    depth = list(range(len(left)))
+    return (np.asarray(cols[0] + left, np.int64), np.asarray(cols[1] + [-1] * len(left), np.int64),
+            np.asarray(cols[3] + depth, np.int64), np.asarray(cols[4] + [0] * len(left), bool))
 
 
-class Slice(NamedTuple):
-    """A scope on one thread (an op, a kernel or a compiled graph call)."""
+@dataclass(frozen=True)
+class SliceTable:
+    """Scopes on their threads (ops, kernels, compiled-graph calls) in columns, one row per scope."""
 
-    thread: int
-    scope: int
-    t_begin_ns: int
-    t_end_ns: int
-    depth: int
-    closed: bool  # False: still open when the capture stopped (or its end was not seen)
+    thread: np.ndarray
+    scope: np.ndarray
+    t_begin_ns: np.ndarray
+    t_end_ns: np.ndarray
+    depth: np.ndarray  # open scopes around it on its thread when it began
+    closed: np.ndarray  # False: still open when the capture stopped (or its end was not seen)
+    begin_row: np.ndarray  # event rows of its begin and end (len(raw): not closed)
+    end_row: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.thread)
 
 
 class ScopeIndex:
@@ -105,6 +132,7 @@ class ScopeIndex:
         threads = raw["thread"][rows]
         self.threads: list[int] = []  # in order of their first scope event
         self._rows: dict[int, np.ndarray] = {}
+        self._pairs_of: dict[int, tuple[np.ndarray, ...]] = {}
         if len(rows):
             uniq, first = np.unique(threads, return_index=True)
             for t in uniq[np.argsort(first)].tolist():
@@ -131,26 +159,41 @@ class ScopeIndex:
         return stack
 
     def _stack_on(self, thread: int, row: int) -> list[int]:
-        rows = self.rows_on(thread)
-        rows = rows[: int(np.searchsorted(rows, row, side="left"))]
-        return open_scopes(self.raw["kind"][rows].tolist(), self.raw["scope"][rows].tolist())
+        """The scopes that began before `row` and closed at it or later: open just before it."""
+        if thread not in self._rows:
+            return []
+        begin_row, end_row, depth, _closed, scope = self._thread_pairs(thread)
+        at = np.flatnonzero((begin_row < row) & (end_row >= row))
+        return [int(s) for s in scope[at[np.argsort(depth[at], kind="stable")]]]
 
-    def slices(self, t_stop_ns: int) -> list[Slice]:
-        """Every scope as a slice, in the order they close (scopes open at the stop end there)."""
-        t = self.raw["t_ns"]
-        keyed: list[tuple[int, int, Slice]] = []
-        for order, thread in enumerate(self.threads):
-            rows = self.rows_on(thread)
-            for k, p in enumerate(self._pairs(rows)):
-                t0 = int(t[rows[p.begin]])
-                if p.end >= 0:
-                    keyed.append((int(rows[p.end]), k, Slice(thread, p.scope, t0, int(t[rows[p.end]]), p.depth,
-                                                              p.closed)))
-                else:
-                    keyed.append((len(self.raw) + order, k, Slice(thread, p.scope, t0, max(t0, t_stop_ns),
-                                                                  p.depth, False)))
-        keyed.sort(key=lambda x: (x[0], x[1]))
-        return [s for _r, _k, s in keyed]
+    def _thread_pairs(self, thread: int) -> tuple[np.ndarray, ...]:
+        """The rule's pairs on one thread (computed once): begin row, end row (len(raw): open), depth,
+        closed, scope."""
+        if thread not in self._pairs_of:
+            raw, rows = self.raw, self.rows_on(thread)
+            b, e, depth, closed = pair_arrays(raw["kind"][rows], raw["scope"][rows])
+            end_row = np.where(e >= 0, rows[np.maximum(e, 0)], len(raw))
+            self._pairs_of[thread] = (rows[b], end_row, depth, closed, raw["scope"][rows[b]].astype(np.int64))
+        return self._pairs_of[thread]
+
+    def slice_table(self, t_stop_ns: int) -> SliceTable:
+        """Every scope as a slice, in columns (a long capture has hundreds of thousands), in the order
+        they begin, the outer one first where several begin at one event time; a scope open at
+        the stop ends there (`closed` False, `end_row` len(raw))."""
+        raw, t = self.raw, self.raw["t_ns"]
+        parts: list[tuple[np.ndarray, ...]] = []
+        for thread in self.threads:
+            begin_row, end_row, depth, closed, scope = self._thread_pairs(thread)
+            t0 = t[begin_row].astype(np.int64)
+            is_open = end_row >= len(raw)
+            t1 = np.where(is_open, np.maximum(t0, t_stop_ns), t[np.minimum(end_row, len(raw) - 1)]).astype(np.int64)
+            parts.append((np.full(len(scope), thread, np.int64), scope, t0, t1, depth, closed, begin_row, end_row))
+        if not parts:
+            empty = np.zeros(0, np.int64)
+            return SliceTable(empty, empty, empty, empty, empty, np.zeros(0, bool), empty, empty)
+        cols = [np.concatenate(c) for c in zip(*parts, strict=True)]
+        order = np.lexsort((cols[6], -(cols[3] - cols[2]), cols[2]))  # by begin time, longest first, then row
+        return SliceTable(*(c[order] for c in cols))
 
     def outermost(self, scope_ids: Sequence[int]) -> list[tuple[int, int, int, int]]:
         """(thread, begin row, end row, scope) of the given scopes, outermost per nesting among them

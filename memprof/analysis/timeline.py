@@ -383,18 +383,17 @@ def freed_bytes(timeline: Timeline, positions: np.ndarray, start_row: int = 0, e
 
 
 def downsample(values: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices to keep: all if few, else each bucket's min and max plus both ends."""
+    """Indices to keep: all if few, else each bucket's start, its first minimum and first maximum,
+    and both ends (vectorized: a long capture's timeline has millions of points)."""
     n = len(values)
     if n <= max_points:
         return np.arange(n)
     buckets = max(1, max_points // 2 - 1)
     edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-    keep = [0, n - 1]
-    starts = edges[:-1]
-    ok = edges[1:] > starts
-    keep.extend(starts[ok].tolist())  # bucket starts (shape)
-    order_max = [int(s + np.argmax(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
-    order_min = [int(s + np.argmin(values[s:e])) for s, e in zip(starts[ok], edges[1:][ok], strict=True)]
-    keep.extend(order_max)
-    keep.extend(order_min)
-    return np.unique(np.asarray(keep, dtype=np.int64))
+    starts = edges[:-1][edges[1:] > edges[:-1]]
+    bucket = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    keep = [np.asarray([0, n - 1], dtype=np.int64), starts]
+    for extreme in (np.maximum.reduceat(values, starts), np.minimum.reduceat(values, starts)):
+        hits = np.flatnonzero(values == extreme[bucket])
+        keep.append(hits[np.unique(bucket[hits], return_index=True)[1]])  # the first in each bucket
+    return np.unique(np.concatenate(keep))

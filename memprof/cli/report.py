@@ -30,7 +30,7 @@ def report(capture_file: str, by: str | None, at: str, device: str | None, as_js
     from memprof.capture import load
     from memprof.errors import MemprofError
     from memprof.ranks import load_run
-    from memprof.reporters import render
+    from memprof.reporters import Run, render
 
     run = load_run(Path(capture_file))
     if run is None:
@@ -42,10 +42,7 @@ def report(capture_file: str, by: str | None, at: str, device: str | None, as_js
         if rank is None:
             if by is not None:
                 raise MemprofError(f"--by reports one rank: add --rank R (0 to {world - 1})")
-            from memprof.analysis.ranks import rank_set
-            from memprof.reporters.ranks import render_ranks
-
-            click.echo(render_ranks(capture_file, rank_set(caps, world), as_json))
+            click.echo(render("json" if as_json else "text", Run(capture_file, caps, world)), nl=False)
             return
         if rank not in caps:
             raise MemprofError(f"--rank {rank} is out of range: the run had ranks 0 to {world - 1}")
@@ -55,10 +52,6 @@ def report(capture_file: str, by: str | None, at: str, device: str | None, as_js
     if by is None:
         if at != "peak" or device is not None:
             raise MemprofError("--at and --device need --by (e.g. memprof report CAPTURE --by category --at step:2)")
-        click.echo(render("json" if as_json else "text", cap, top=top or 8))
+        click.echo(render("json" if as_json else "text", cap, top=top or 8), nl=False)
         return
-    if as_json:
-        click.echo(render("table-json", cap, by=by, at=at, device=device, top=top or 0))
-    else:
-        click.echo(render("table", cap, by=by, at=at, device=device, top=top or 20))
-
+    click.echo(render("table-json" if as_json else "table", cap, by=by, at=at, device=device, top=top), nl=False)

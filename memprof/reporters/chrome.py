@@ -3,230 +3,124 @@
 Layout: pid 0 holds the host threads with op, kernel and compiled-graph slices; each device
 gets its own process with an `allocated` counter (and `reserved` on CUDA), step markers,
 OOM markers and a marker at the peak. Counters longer than `max_counter_points` are
-down-sampled by keeping each bucket's minimum and maximum, so the peak is always kept.
+down-sampled by keeping each bucket's minimum and maximum, so the peak is always kept. A
+distributed run's ranks are one trace, a block of processes per rank. The events are written as
+they are formatted (`memprof.reporters.chrome_events`), in one time order.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import IO, Any
 
-import numpy as np
-
-from memprof._events import Kind, device_name
-from memprof.analysis.attribution import CATEGORIES, Category, category_series
-from memprof.analysis.scopes import Slice
-from memprof.analysis.timeline import downsample
-from memprof.analysis.units import fmt_bytes
 from memprof.capture import Capture
-from memprof.reporters.registry import register
+from memprof.errors import MemprofError
+from memprof.reporters.chrome_events import (
+    Block,
+    Window,
+    counter_blocks,
+    mark_block,
+    oom_block,
+    slice_block,
+    write_trace,
+)
+from memprof.reporters.registry import Reporter, Run, register
 
 DEFAULT_MAX_COUNTER_POINTS = 200_000
-
-
-def _category(name: str) -> str:
-    if name.startswith("## Call CompiledFxGraph"):
-        return "compiled_graph"
-    if name.startswith(("triton_", "cpp_fused", "cuda_fused")):
-        return "kernel"
-    if name.startswith("autograd::engine"):
-        return "backward"
-    if name.startswith("aten::"):
-        return "op"
-    return "scope"
-
-
-Us = Callable[[Any], Any]  # steady-clock ns -> trace microseconds
-
-
 SLICES = ("all", "graphs", "none")  # which host slices a trace holds (`--slices`)
 
 
-def _slice_events(cap: Capture, us: Us, t0: int, which: str = "all") -> list[dict[str, Any]]:
-    """Every scope as a complete ("X") event on its thread, with the FX nodes of kernels; `which`:
-    "graphs" keeps compiled-graph calls and their kernels (no eager ops), "none" no slice at all
-    (a long capture's trace: its counters and markers only)."""
-    events: list[dict[str, Any]] = []
-    if which == "none":
-        return events
-    slices = cap.scopes.slices(cap.info.t_stop_ns or t0)
-    kernel_nodes = _kernel_nodes(cap, slices)
-    for i, sl in enumerate(slices):
-        name = cap.scope_name(sl.scope)
-        if which == "graphs" and _category(name) not in ("compiled_graph", "kernel") and i not in kernel_nodes:
-            continue
-        dur = round((sl.t_end_ns - sl.t_begin_ns) / 1000.0, 3)
-        ev: dict[str, Any] = {"ph": "X", "pid": 0, "tid": sl.thread, "name": name, "cat": _category(name),
-                              "ts": float(us(sl.t_begin_ns)), "dur": float(dur)}
-        args: dict[str, Any] = {}
-        if not sl.closed:
-            args["closed"] = False
-        if i in kernel_nodes:
-            args["graph"], args["fx_nodes"] = kernel_nodes[i]
-        if args:
-            ev["args"] = args
-        events.append(ev)
-    return events
+@dataclass(frozen=True)
+class ChromeOptions:
+    max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS  # per counter track (the peak is always kept)
+    slices: str = "all"  # SLICES: every op, kernel and graph call; graph calls and their kernels; none
+    steps: tuple[int, int] | None = None  # only the steps A..B (counted from 1), else the whole capture
 
 
-def _counter(pid: int, name: str, ts: Any, values: dict[str, Any]) -> dict[str, Any]:
-    return {"ph": "C", "pid": pid, "name": name, "ts": max(ts, 0.0), "args": values}
-
-
-def _memory_counters(cap: Capture, pid: int, dev: str, us: Us, max_counter_points: int) -> list[dict[str, Any]]:
-    """Allocated bytes, bytes by category and reserved bytes on one device, downsampled."""
-    tl = cap.timeline(dev)
-    keep = downsample(tl.allocated, max_counter_points)
-    events = [_counter(pid, "allocated", 0.0, {"bytes": tl.baseline})]
-    for ts, v in zip(us(tl.t_ns[keep]).tolist(), tl.allocated[keep].tolist(), strict=True):
-        events.append(_counter(pid, "allocated", ts, {"bytes": v}))
-    series = category_series(tl, cap.labels(dev), keep)
-    present = [c for c in range(len(CATEGORIES)) if series[:, c].any() or c == Category.UNATTRIBUTED]
-    events.append(_counter(pid, "by category", 0.0,
-                           {CATEGORIES[c]: (tl.baseline if c == Category.UNATTRIBUTED else 0) for c in present}))
-    for ts, vals in zip(us(tl.t_ns[keep]).tolist(), series[:, present].tolist(), strict=True):
-        events.append(_counter(pid, "by category", ts, {CATEGORIES[c]: v for c, v in zip(present, vals, strict=True)}))
-    if tl.has_reserved:
-        events.append(_counter(pid, "reserved", 0.0, {"bytes": tl.reserved_baseline}))
-        rkeep = downsample(tl.reserved, max_counter_points)
-        for ts, v in zip(us(tl.reserved_t_ns[rkeep]).tolist(), tl.reserved[rkeep].tolist(), strict=True):
-            events.append(_counter(pid, "reserved", ts, {"bytes": v}))
-    return events
-
-
-def _instant(pid: int, name: str, cat: str, ts: float, args: dict[str, Any]) -> dict[str, Any]:
-    return {"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": name, "cat": cat, "ts": max(ts, 0.0), "args": args}
-
-
-def _device_marks(cap: Capture, pid: int, dev: str, us: Us) -> list[dict[str, Any]]:
-    """The peak and the step markers on one device's process."""
-    raw, tl = cap.raw, cap.timeline(dev)
-    events: list[dict[str, Any]] = []
-    if tl.peak_pos >= 0:
-        row = int(tl.rows[tl.peak_pos])
-        bound = "" if cap.exact else " (lower bound)"
-        events.append(_instant(pid, f"peak {fmt_bytes(tl.peak)}{bound}", "peak", float(us(tl.t_ns[tl.peak_pos])),
-                               {"bytes": tl.peak, "scope": cap.scope_name(int(raw["scope"][row])),
-                                "stack": " > ".join(cap.scope_stack_at_peak(dev))}))
-    for r in np.flatnonzero(raw["kind"] == Kind.STEP):
-        events.append(_instant(pid, f"step {int(raw['bytes'][r])}", "step", float(us(raw["t_ns"][r])),
-                               {"allocated": tl.allocated_before_row(int(r) + 1)}))
-    return events
-
-
-def chrome_trace(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS, slices: str = "all"
-                 ) -> dict[str, Any]:
+def window(cap: Capture, steps: tuple[int, int] | None) -> Window:
+    """The capture's time span in the trace: all of it, or steps A..B (a one-line error naming the
+    steps it has where it has not those)."""
     raw = cap.raw
     t0 = cap.info.t_start_ns or (int(raw["t_ns"].min()) if len(raw) else 0)
+    if steps is None:
+        return Window(t0, -(1 << 62), 1 << 62)
+    have = {s.step: s for s in cap.steps()} if len(raw) else {}
+    a, b = steps
+    if a not in have or b not in have:
+        span = f"steps {min(have)} to {max(have)}" if have else "no steps"
+        raise MemprofError(f"--steps {a}:{b}: this capture has {span}")
+    return Window(t0, have[a].t_start_ns, have[b].t_end_ns, steps)
 
-    def us(t: int | np.ndarray) -> Any:
-        return np.round((np.asarray(t, dtype=np.int64) - t0) / 1000.0, 3)
 
-    meta_events: list[dict[str, Any]] = [
-        {"ph": "M", "pid": 0, "name": "process_name", "args": {"name": "host threads (ops, kernels)"}},
-        {"ph": "M", "pid": 0, "name": "process_sort_index", "args": {"sort_index": 0}},
-    ]
+def _capture_events(cap: Capture, o: ChromeOptions, pid0: int, shift_us: float, label: str = ""
+                    ) -> tuple[list[dict[str, Any]], list[Block]]:
+    """One capture's metadata and event blocks: pid `pid0` its host threads, the next one per device."""
+    win = window(cap, o.steps)
+    meta: list[dict[str, Any]] = [
+        {"ph": "M", "pid": pid0, "name": "process_name", "args": {"name": f"{label}host threads (ops, kernels)"}},
+        {"ph": "M", "pid": pid0, "name": "process_sort_index", "args": {"sort_index": pid0}}]
     for t in cap.threads:
-        label = t.get("name") or "thread"
-        meta_events.append({"ph": "M", "pid": 0, "tid": int(t["index"]), "name": "thread_name",
-                            "args": {"name": f"{label} (tid {t.get('tid')})"}})
-    events = _slice_events(cap, us, t0, slices)
-    for pid, dev in enumerate(cap.devices, start=1):
-        meta_events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"{dev} memory"}})
-        meta_events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
-        events += _memory_counters(cap, pid, dev, us, max_counter_points) + _device_marks(cap, pid, dev, us)
-    for r in np.flatnonzero(raw["kind"] == Kind.OOM):
-        dev = device_name(int(raw["device_type"][r]), int(raw["device_index"][r]))
-        pid = cap.devices.index(dev) + 1 if dev in cap.devices else 0
-        events.append(_instant(pid, "OUT OF MEMORY", "oom", float(us(raw["t_ns"][r])),
-                               {"requested": int(raw["bytes"][r])}))
-    # one global time order; slices that start together: the outer (longer) one first
-    events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
-    return {
-        "traceEvents": meta_events + events,
-        "displayTimeUnit": "ms",
-        "otherData": {"generator": f"memprof {cap.meta.get('memprof_version', '')}",
-                      "command": cap.meta.get("command"), "torch": cap.meta.get("torch_version"),
-                      "exact": cap.exact, "caveats": cap.caveats},
-    }
+        meta.append({"ph": "M", "pid": pid0, "tid": int(t["index"]), "name": "thread_name",
+                     "args": {"name": f"{t.get('name') or 'thread'} (tid {t.get('tid')})"}})
+    blocks = [slice_block(cap, cap.scopes.slice_table(cap.info.t_stop_ns or win.t0_ns), pid0, win, shift_us,
+                          o.slices)]
+    for k, dev in enumerate(cap.devices, start=1):
+        meta.append({"ph": "M", "pid": pid0 + k, "name": "process_name", "args": {"name": f"{label}{dev} memory"}})
+        meta.append({"ph": "M", "pid": pid0 + k, "name": "process_sort_index", "args": {"sort_index": pid0 + k}})
+        blocks += counter_blocks(cap, dev, pid0 + k, win, shift_us, o.max_counter_points)
+        blocks.append(mark_block(cap, dev, pid0 + k, win, shift_us))
+    pids = {d: pid0 + k for k, d in enumerate(cap.devices, start=1)}
+    blocks.append(oom_block(cap, lambda d: pids.get(d, pid0), win, shift_us))
+    return meta, blocks
 
 
-def chrome_trace_ranks(caps: dict[int, Capture], max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS,
-                       slices: str = "all") -> dict[str, Any]:
-    """One trace of a distributed run: each rank's processes (host threads, one per device) renamed
+def _write(cap: Capture, o: ChromeOptions, out: IO[str]) -> None:
+    meta, blocks = _capture_events(cap, o, 0, 0.0)
+    other = {"generator": f"memprof {cap.meta.get('memprof_version', '')}", "command": cap.meta.get("command"),
+             "torch": cap.meta.get("torch_version"), "exact": cap.exact, "caveats": cap.caveats}
+    if o.steps:
+        other["steps"] = list(o.steps)
+    write_trace(out, meta, blocks, other)
+
+
+def _write_run(run: Run, o: ChromeOptions, out: IO[str]) -> None:
+    """One trace of a distributed run: each rank's processes (host threads, one per device) named
     "rank R: ..." and numbered apart, in one timeline. Ranks of one host share its monotonic clock
     and are aligned by it; ranks of several hosts are aligned at their captures' starts (said in
     `otherData`)."""
+    caps = run.captures
     starts = {r: c.info.t_start_ns for r, c in caps.items()}
     one_host = len({c.meta.get("hostname") for c in caps.values()}) == 1
     t0 = min(starts.values())
     per = 1 + max(len(c.devices) for c in caps.values())  # pids a rank takes
-    meta_events: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
+    meta: list[dict[str, Any]] = []
+    blocks: list[Block] = []
     for r, cap in sorted(caps.items()):
-        trace = chrome_trace(cap, max_counter_points, slices)
-        shift = (starts[r] - t0) / 1000.0 if one_host else 0.0
-        for ev in trace["traceEvents"]:
-            ev = {**ev, "pid": r * per + int(ev["pid"])}
-            if ev["ph"] == "M":
-                if ev["name"] == "process_name":
-                    ev["args"] = {"name": f"rank {r}: {ev['args']['name']}"}
-                elif ev["name"] == "process_sort_index":
-                    ev["args"] = {"sort_index": ev["pid"]}
-                meta_events.append(ev)
-            else:
-                ev["ts"] = round(float(ev["ts"]) + shift, 3)
-                events.append(ev)
-    events.sort(key=lambda e: (e["ts"], -e.get("dur", 0.0)))
+        m, b = _capture_events(cap, o, r * per, (starts[r] - t0) / 1000.0 if one_host else 0.0, f"rank {r}: ")
+        meta += m
+        blocks += b
     first = caps[min(caps)]
-    return {
-        "traceEvents": meta_events + events,
-        "displayTimeUnit": "ms",
-        "otherData": {"generator": f"memprof {first.meta.get('memprof_version', '')}",
-                      "command": first.meta.get("command"), "ranks": sorted(caps),
-                      "aligned": "by the host's monotonic clock" if one_host else
-                                 "at each rank's capture start (the ranks ran on several hosts)",
-                      "exact": all(c.exact for c in caps.values()),
-                      "caveats": {str(r): c.caveats for r, c in sorted(caps.items()) if c.caveats}},
-    }
+    write_trace(out, meta, blocks, {
+        "generator": f"memprof {first.meta.get('memprof_version', '')}", "command": first.meta.get("command"),
+        "ranks": sorted(caps), "aligned": "by the host's monotonic clock" if one_host else
+        "at each rank's capture start (the ranks ran on several hosts)",
+        "exact": all(c.exact for c in caps.values()),
+        "caveats": {str(r): c.caveats for r, c in sorted(caps.items()) if c.caveats}})
 
 
-def _kernel_nodes(cap: Capture, slices: list[Slice]) -> dict[int, tuple[str, str]]:
-    """Slice index -> (graph, FX nodes) for kernel and extern-op slices directly inside a graph call."""
-    if not cap.graphs:
-        return {}
-    graphs = {g.scope_name: g for g in cap.graphs}
-    out: dict[int, tuple[str, str]] = {}
-    open_call: dict[int, tuple[int, Any, dict[str, int]]] = {}  # thread -> (depth, graph, occurrences)
-    order = sorted(range(len(slices)), key=lambda i: (slices[i].thread, slices[i].t_begin_ns, slices[i].depth))
-    for i in order:
-        sl = slices[i]
-        name = cap.scope_name(sl.scope)
-        if name in graphs:
-            open_call[sl.thread] = (sl.depth, graphs[name], {})
-            continue
-        current = open_call.get(sl.thread)
-        if current is None or sl.depth != current[0] + 1:
-            continue
-        _, graph, seen = current
-        calls = graph.wrapper.calls_by_scope.get(name, [])
-        k = seen.get(name, 0)
-        seen[name] = k + 1
-        if k >= len(calls):
-            continue
-        call = graph.wrapper.calls[calls[k]]
-        bufs = [call.out] if call.out else [b for b, w in graph.wrapper.writer.items() if w == call.index]
-        nodes = [n for b in bufs for n in graph.origins.get(b, [])]
-        if nodes:
-            out[i] = (f"{graph.role} {graph.key}", ", ".join(dict.fromkeys(nodes)))
-    return out
+def chrome_trace(source: Capture | Run, **options: Any) -> dict[str, Any]:
+    """The trace as Python objects (what the file holds, parsed: for tests and scripts)."""
+    out = io.StringIO()
+    o = CHROME.make_options(**options)
+    (_write_run(source, o, out) if isinstance(source, Run) else _write(source, o, out))
+    return dict(json.loads(out.getvalue()))
 
 
-@register("chrome", "export", ".json", "Chrome/Perfetto trace (Trace Event Format)")
-def render_chrome(cap: Capture, max_counter_points: int = DEFAULT_MAX_COUNTER_POINTS, slices: str = "all") -> str:
-    return json.dumps(chrome_trace(cap, max_counter_points, slices), separators=(",", ":"))
+CHROME = register(Reporter("chrome", "export", ".json", "Chrome/Perfetto trace (Trace Event Format)", ChromeOptions,
+                           _write, _write_run))
 
 
 def validate_chrome_trace(trace: Any) -> list[str]:

@@ -6,9 +6,10 @@ the data is compact JSON in a `<script type="application/json">` element, every 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from html import escape
 from importlib import resources
-from typing import Any
+from typing import IO, Any
 
 from memprof.analysis.labels import CATEGORIES
 from memprof.analysis.oom import format_oom, oom_reports
@@ -16,7 +17,7 @@ from memprof.analysis.summary import main_first, summarize
 from memprof.analysis.view import MAX_ITEMS, MAX_POINTS, device_view, step_bands
 from memprof.capture import Capture
 from memprof.errors import MemprofError, printable
-from memprof.reporters.registry import register
+from memprof.reporters.registry import Reporter, Run, register
 
 # a colour per category (Tableau 10 and its lighter companions), for the page's script and the diff page
 CATEGORY_COLORS = {
@@ -79,12 +80,48 @@ def page_data(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX_I
             "generator": f"memprof {cap.meta.get('memprof_version', '')}"}
 
 
-@register("html", "export", ".html", "self-contained HTML report (timeline, live table, layers x categories)")
-def render_html(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX_ITEMS) -> str:
+@dataclass(frozen=True)
+class HtmlOptions:
+    max_points: int = MAX_POINTS  # timeline points a device (each bucket's lowest and highest)
+    max_items: int = MAX_ITEMS  # allocations in the live table
+
+
+def _write_html(cap: Capture, o: HtmlOptions, out: IO[str]) -> None:
     if not len(cap.raw):
         raise MemprofError("the capture recorded no events: nothing to draw")
-    data = json.dumps(page_data(cap, max_points, max_items), separators=(",", ":"), allow_nan=False)
-    ooms = ["\n".join(format_oom(r)) for r in oom_reports(cap)]
-    oom = "".join(f'<h2>Out of memory</h2><pre class="caveat">{escape(printable(text))}</pre>' for text in ooms)
-    return _PAGE.format(title=escape(str(cap.meta.get("command") or "capture")), css=_asset("report.css"),
-                        js=_asset("report.js"), data=data.replace("</", "<\\/"), oom=oom)
+    title = str(cap.meta.get("command") or "capture")
+    out.write(_page(page_data(cap, o.max_points, o.max_items), title, [("", cap)]))
+
+
+def _write_run(run: Run, o: HtmlOptions, out: IO[str]) -> None:
+    """A distributed run's page: each rank's devices as tabs of their own ("rank R: cuda:0") with
+    their peaks side by side; the command, plans and warnings are rank 0's (every rank ran the
+    same script)."""
+    ranks = {r: c for r, c in sorted(run.captures.items()) if len(c.raw)}
+    if not ranks:
+        raise MemprofError(f"{run.name}: no rank recorded any event: nothing to draw")
+    pages = {r: page_data(c, o.max_points, o.max_items) for r, c in ranks.items()}
+    data = dict(pages[min(pages)])
+    summary = dict(data["summary"])
+    summary["command"] = f"{run.name}: {len(ranks)} of {run.world_size} ranks · {summary.get('command') or ''}"
+    summary["devices"] = [{**d, "device": f"rank {r}: {d['device']}"} for r, p in pages.items()
+                          for d in p["summary"]["devices"]]
+    summary["events"] = sum(int(p["summary"]["events"]) for p in pages.values())
+    summary["exact"] = all(p["summary"]["exact"] for p in pages.values())
+    summary["caveats"] = [f"rank {r}: {c}" for r, p in pages.items() for c in p["summary"]["caveats"]]
+    data["summary"] = summary
+    data["devices"] = [{**v, "device": f"rank {r}: {v['device']}"} for r, p in pages.items() for v in p["devices"]]
+    out.write(_page(data, run.name, [(f"rank {r}: ", c) for r, c in ranks.items()]))
+
+
+def _page(data: dict[str, Any], title: str, ooms_of: list[tuple[str, Capture]]) -> str:
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    ooms = [(who, "\n".join(format_oom(r))) for who, cap in ooms_of for r in oom_reports(cap)]
+    oom = "".join(f'<h2>{escape(who)}Out of memory</h2><pre class="caveat">{escape(printable(t))}</pre>'
+                  for who, t in ooms)
+    return _PAGE.format(title=escape(title), css=_asset("report.css"), js=_asset("report.js"),
+                        data=text.replace("</", "<\\/"), oom=oom)
+
+
+register(Reporter("html", "export", ".html", "self-contained HTML report (timeline, live table, layers x categories)",
+                  HtmlOptions, _write_html, _write_run))

@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import asdict
+from typing import IO, Any
 
-from memprof.analysis.ranks import RankSet
+from memprof.analysis.ranks import RankSet, rank_set
 from memprof.analysis.units import fmt_bytes
 from memprof.outputs import json_text
+from memprof.reporters.registry import Run
+
+
+def write_ranks_text(run: Run, _options: Any, out: IO[str]) -> None:
+    out.write(render_ranks(run.name, rank_set(run.captures, run.world_size), False) + "\n")
+
+
+def write_ranks_json(run: Run, _options: Any, out: IO[str]) -> None:
+    out.write(render_ranks(run.name, rank_set(run.captures, run.world_size), True) + "\n")
 
 
 def render_ranks(name: str, ranks: RankSet, as_json: bool) -> str:

@@ -11,21 +11,26 @@ synthetic segment per device that the blocks live at the end tile.
 from __future__ import annotations
 
 import pickle
-from typing import Any
+from dataclasses import dataclass
+from typing import IO, Any
 
 from memprof._events import parse_device
 from memprof.analysis.labels import CATEGORIES
 from memprof.capture import Capture
 from memprof.errors import MemprofError
-from memprof.reporters.registry import register
+from memprof.reporters.registry import Reporter, register
 from memprof.snapshot import KEY
 
 PROTOCOL = 4
 
 
-@register("snapshot", "export", ".pickle", "memory_viz snapshot (pickle protocol 4, memprof's categories and FX nodes)")
-def render_snapshot(cap: Capture, device: str | None = None) -> bytes:
-    return dump(to_snapshot(cap, device))
+@dataclass(frozen=True)
+class SnapshotOptions:
+    device: str | None = None  # None: the main device
+
+
+def _write_snapshot(cap: Capture, o: SnapshotOptions, out: IO[bytes]) -> None:
+    out.write(dump(to_snapshot(cap, o.device)))
 
 
 def to_snapshot(cap: Capture, device: str | None = None) -> dict[str, Any]:
@@ -108,3 +113,6 @@ def dump(snapshot: dict[str, Any]) -> bytes:
     return pickle.dumps(snapshot, protocol=PROTOCOL)
 
 
+register(Reporter("snapshot", "export", ".pickle",
+                  "memory_viz snapshot (pickle protocol 4, memprof's categories and FX nodes)",
+                  SnapshotOptions, _write_snapshot, binary=True))

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-from typing import Any
+from dataclasses import asdict, dataclass
+from typing import IO, Any
 
 from memprof.analysis.oom import format_oom
 from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, summarize
@@ -11,17 +11,33 @@ from memprof.analysis.units import count, fmt_bytes, fmt_mb
 from memprof.capture import Capture
 from memprof.errors import printable
 from memprof.outputs import json_text
-from memprof.reporters.registry import register
+from memprof.reporters.ranks import write_ranks_json, write_ranks_text
+from memprof.reporters.registry import Reporter, register
 
 
-@register("json", "report", ".json", "peak summary as JSON")
-def render_json(cap: Capture, top: int = 8) -> str:
-    return json_text(summarize(cap, top).to_json(), indent=1)
+@dataclass(frozen=True)
+class SummaryOptions:
+    top: int = 8  # rows in each list of the summary
 
 
-@register("text", "report", ".txt", "peak summary as text")
+@dataclass(frozen=True)
+class TableOptions:
+    by: str = "category"  # category, node, layer or kernel
+    at: str = "peak"  # peak or step:N
+    device: str | None = None  # None: the main device
+    top: int | None = None  # rows shown (None: 20 in text, all in JSON)
+
+
 def render_text(cap: Capture, top: int = 8) -> str:
     return printable(format_summary(summarize(cap, top)))
+
+
+def _write_text(cap: Capture, o: SummaryOptions, out: IO[str]) -> None:
+    out.write(render_text(cap, o.top) + "\n")
+
+
+def _write_json(cap: Capture, o: SummaryOptions, out: IO[str]) -> None:
+    out.write(json_text(summarize(cap, o.top).to_json(), indent=1) + "\n")
 
 
 def _head(s: Summary) -> list[str]:
@@ -169,7 +185,10 @@ def _table(cap: Capture, by: str, at: str, device: str | None) -> tuple[list[Any
     return rows, label, exact
 
 
-@register("table", "report", ".txt", "attribution table (memprof report --by)")
+def _write_table(cap: Capture, o: TableOptions, out: IO[str]) -> None:
+    out.write(render_table(cap, o.by, o.at, o.device, o.top or 20) + "\n")
+
+
 def render_table(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
                  top: int = 20) -> str:
     rows, label, _exact = _table(cap, by, at, device)
@@ -220,12 +239,17 @@ def _layer_matrix(cap: Capture, at: str, device: str, top: int) -> list[str]:
     return out
 
 
-@register("table-json", "report", ".json", "attribution table as JSON")
-def render_table_json(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
-                      top: int = 0) -> str:
-    rows, _label, exact = _table(cap, by, at, device)
-    return json_text({
+def _write_table_json(cap: Capture, o: TableOptions, out: IO[str]) -> None:
+    rows, _label, exact = _table(cap, o.by, o.at, o.device)
+    by, at, device, top = o.by, o.at, o.device, o.top or 0
+    out.write(json_text({
         "device": device or cap.main_device, "at": at, "by": by, "bytes": sum(r.bytes for r in rows),
         "exact": exact, "caveats": cap.caveats,
         "rows": [asdict(r) for r in (rows[:top] if top else rows)], "warnings": cap.caveats + rng_warnings(cap),
-    }, indent=1)
+    }, indent=1) + "\n")
+
+
+register(Reporter("text", "report", ".txt", "peak summary as text", SummaryOptions, _write_text, write_ranks_text))
+register(Reporter("json", "report", ".json", "peak summary as JSON", SummaryOptions, _write_json, write_ranks_json))
+register(Reporter("table", "report", ".txt", "attribution table (memprof report --by)", TableOptions, _write_table))
+register(Reporter("table-json", "report", ".json", "attribution table as JSON", TableOptions, _write_table_json))

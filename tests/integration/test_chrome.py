@@ -106,3 +106,52 @@ def test_graph_slices_keep_compiled_calls_and_their_kernels() -> None:
     assert any(e["cat"] == "compiled_graph" for e in xs) and len(xs) < len(full)
     # what is left besides graph calls and kernels are extern ops run inside a graph call, with their FX nodes
     assert all(e["cat"] in ("compiled_graph", "kernel") or "fx_nodes" in e.get("args", {}) for e in xs)
+
+
+def test_steps_a_to_b_hold_those_steps_and_open_at_their_start(cap: memprof.Capture, tmp_path: Path) -> None:
+    from ..conftest import invoke_memprof, one_line_error
+
+    steps = {s.step: s for s in cap.steps("cpu")}
+    trace = chrome_trace(cap, steps=(2, 3))
+    assert validate_chrome_trace(trace) == [] and trace["otherData"]["steps"] == [2, 3]
+    evs = trace["traceEvents"]
+    t0 = cap.info.t_start_ns
+    lo, hi = (steps[2].t_start_ns - t0) / 1000, (steps[3].t_end_ns - t0) / 1000
+    assert [e["name"] for e in evs if e.get("cat") == "step"] == ["step 2", "step 3"]
+    counters = [e for e in evs if e["ph"] == "C" and e["name"] == "allocated"]
+    assert all(lo - 1e-3 <= e["ts"] <= hi + 1e-3 for e in counters)
+    tl = cap.timeline("cpu")
+    # the first point is what was live where step 2 began; the highest is the two steps' peak
+    assert counters[0]["args"]["bytes"] == tl.allocated_before_row(steps[2].start_row)
+    assert max(e["args"]["bytes"] for e in counters) == max(steps[2].peak, steps[3].peak)
+    peak = [e for e in evs if e.get("cat") == "peak"]
+    assert len(peak) == 1 and peak[0]["name"].startswith("steps 2:3 peak")
+    by_cat = [e for e in evs if e["ph"] == "C" and e["name"] == "by category"]
+    assert sum(by_cat[0]["args"].values()) == counters[0]["args"]["bytes"]
+    slices = [e for e in evs if e["ph"] == "X"]
+    assert slices and all(e["ts"] <= hi + 1e-3 and e["ts"] + e["dur"] >= lo - 1e-3 for e in slices)
+    whole = [e for e in chrome_trace(cap)["traceEvents"] if e["ph"] == "X"]
+    assert len(slices) < len(whole)
+    cap.save(tmp_path / "c.memprof")
+    res = invoke_memprof("export", "c.memprof", "--steps", "2:9", cwd=tmp_path)
+    assert res.returncode != 0 and one_line_error(res) == "memprof: error: --steps 2:9: this capture has steps 1 to 3"
+    res = invoke_memprof("export", "c.memprof", "--format", "html", "--steps", "1:2", cwd=tmp_path)
+    assert res.returncode != 0 and one_line_error(res) == "memprof: error: --steps does not apply to --format html"
+    assert not list(tmp_path.glob("c.html")) and not list(tmp_path.glob("c.json"))
+
+
+def test_every_reporter_takes_typed_options_and_writes_to_a_file_object(cap: memprof.Capture) -> None:
+    import dataclasses
+    import io
+
+    from memprof.reporters import reporters
+
+    for name, reporter in reporters().items():
+        assert dataclasses.is_dataclass(reporter.options), name
+        opts = reporter.options()  # every option has a default
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(opts, dataclasses.fields(opts)[0].name, None)
+        out = io.BytesIO() if reporter.binary else io.StringIO()
+        reporter.write(cap, opts, out)
+        assert out.getvalue(), name
+    assert render("text", cap) == render("text", cap, top=8)

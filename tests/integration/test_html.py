@@ -113,3 +113,31 @@ def test_the_page_in_a_browser(fixture: str, tmp_path: Path) -> None:
         assert loaded < 10  # (first-paint figures are benchmarks: docs/benchmarks.md)
     finally:
         driver.quit()
+
+
+@pytest.mark.browser
+def test_a_distributed_runs_page_has_a_tab_per_rank(tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    from memprof.reporters import Run, write
+
+    caps = {0: memprof.load(FIXTURES / "gpt2_bf16_cpu.memprof"), 1: memprof.load(FIXTURES / "tiny_compiled.memprof")}
+    page = write("html", Run("run.memprof", caps, 2), tmp_path / "run.html")
+    driver = _driver()
+    try:
+        driver.get(page.as_uri())
+        for _ in range(100):
+            if driver.execute_script("return document.body.dataset.ready") == "1":
+                break
+            time.sleep(0.05)
+        assert not [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        tabs = [b.text for b in driver.find_elements(By.CSS_SELECTOR, "#tabs button")]
+        assert tabs == ["rank 0: cpu", "rank 1: cpu"]
+        for r, cap in caps.items():  # each rank's peak to the byte
+            assert int(driver.find_element(By.ID, f"peak-rank {r}: cpu").get_attribute("data-bytes")) == cap.peak("cpu")
+        driver.find_elements(By.CSS_SELECTOR, "#tabs button")[1].click()
+        total = driver.find_element(By.ID, "live-total")
+        assert int(total.get_attribute("data-bytes")) == caps[1].peak("cpu")
+        driver.save_screenshot(str(tmp_path / "run.png"))
+    finally:
+        driver.quit()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memprof._events import EVENT_DTYPE, FLAG_UNFOLLOWED_THREAD, Kind, device_name, parse_device
-from memprof.analysis.scopes import ScopeIndex, pair
+from memprof.analysis.scopes import ScopeIndex, pair, pair_arrays
 from memprof.analysis.timeline import build_timeline, downsample, step_stats
 
 
@@ -94,9 +96,11 @@ def test_scope_stack_and_slices_nest() -> None:
     raw = events((B, 0, 0, 1), (B, 0, 0, 2), (A, 64, 1, 2), (E, 0, 0, 2), (B, 0, 0, 3), (E, 0, 0, 3), (E, 0, 0, 1),
                  (B, 0, 0, 4))
     assert ScopeIndex(raw).stack_at(2) == [1, 2]
-    slices = ScopeIndex(raw).slices(t_stop_ns=1000)
-    spans = sorted((s.scope, s.t_begin_ns, s.t_end_ns, s.depth, s.closed) for s in slices)
-    assert spans == [(1, 0, 60, 0, True), (2, 10, 30, 1, True), (3, 40, 50, 1, True), (4, 70, 1000, 0, False)]
+    t = ScopeIndex(raw).slice_table(t_stop_ns=1000)
+    spans = list(zip(t.scope.tolist(), t.t_begin_ns.tolist(), t.t_end_ns.tolist(), t.depth.tolist(),
+                     t.closed.tolist(), t.begin_row.tolist(), t.end_row.tolist(), strict=True))
+    assert spans == [(1, 0, 60, 0, True, 0, 6), (2, 10, 30, 1, True, 1, 3), (3, 40, 50, 1, True, 4, 5),
+                     (4, 70, 1000, 0, False, 7, 8)]
 
 
 def test_downsample_keeps_the_peak_and_ends() -> None:
@@ -155,3 +159,26 @@ def test_one_pairing_rule_for_every_view_of_scopes() -> None:
     assert index.stack_at(4) == [1, 3] and index.stack_at(6) == []
     begins, ends, ids = index.children(0, 0, 5, [2, 3])
     assert begins.tolist() == [1, 3] and ends.tolist() == [2, 5] and ids.tolist() == [2, 3]
+    t = index.slice_table(t_stop_ns=1000)  # the columns give the same pairs (here from `pair` itself)
+    assert sorted(zip(t.begin_row.tolist(), t.end_row.tolist(), t.depth.tolist(), t.closed.tolist(),
+                      strict=True)) == [(0, 5, 0, True), (1, 2, 1, True), (3, 5, 1, False), (6, 7, 0, False)]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["begin", "end", "stray end"]), st.integers(0, 3)), max_size=24))
+def test_the_columnar_pairing_is_the_rule(ops: list[tuple[str, int]]) -> None:
+    B, E = Kind.SCOPE_BEGIN, Kind.SCOPE_END
+    kinds: list[int] = []
+    scopes: list[int] = []
+    open_: list[int] = []
+    for op, scope in ops:  # mostly nested (what captures hold), with stray and missing ends
+        if op == "begin" or (op == "end" and not open_):
+            open_.append(scope)
+            kinds.append(B)
+            scopes.append(scope)
+        else:
+            kinds.append(E)
+            scopes.append(open_.pop() if op == "end" else scope)
+    got = pair_arrays(np.asarray(kinds), np.asarray(scopes))
+    assert sorted(zip(*(c.tolist() for c in got), strict=True)) == sorted(
+        (p.begin, p.end, p.depth, p.closed) for p in pair(kinds, scopes))
