@@ -61,6 +61,14 @@ class StepRow:
     reserved_at_end: int | None
     complete: bool
     gc_freed_bytes: int
+    start_s: float = 0.0  # from the capture's start
+    duration_ms: float = 0.0
+    allocated_at_start: int = 0  # live bytes just before the step's first event
+
+    @property
+    def rise_bytes(self) -> int:
+        """How far the step's peak rose above what was live when it began."""
+        return self.peak_bytes - self.allocated_at_start
 
 
 @dataclass(frozen=True)
@@ -196,9 +204,20 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
                          labels.names[int(labels.node[p])], (peak_t - a.t_ns) / 1e6, a.ptr)
                  for a, p in zip(live, live_pos.tolist(), strict=True)],
         scopes=_scopes_of(cap, raw["scope"][tl.rows[every]], tl.delta[every], top),
-        steps=[StepRow(s.step, s.peak, s.allocated_at_end, s.reserved_at_end, s.complete,
-                       freed_bytes(tl, gc_pos, s.start_row, s.end_row)) for s in cap.steps(dev)],
+        steps=step_rows(cap, dev, gc_pos),
     )
+
+
+def step_rows(cap: Capture, dev: str, gc_pos: np.ndarray | None = None) -> list[StepRow]:
+    """Each step on `dev`: its peak, what was live at its start and end, its time, what the garbage
+    collector freed in it (`gc_pos`: `Capture.gc_freed`, computed here when not given)."""
+    tl = cap.timeline(dev)
+    gc_pos = cap.gc_freed(dev) if gc_pos is None else gc_pos
+    t0 = cap.info.t_start_ns or (int(cap.raw["t_ns"][0]) if len(cap.raw) else 0)
+    return [StepRow(s.step, s.peak, s.allocated_at_end, s.reserved_at_end, s.complete,
+                    freed_bytes(tl, gc_pos, s.start_row, s.end_row), (s.t_start_ns - t0) / 1e9,
+                    (s.t_end_ns - s.t_start_ns) / 1e6, tl.allocated_before_row(s.start_row))
+            for s in cap.steps(dev)]
 
 
 def main_first(cap: Capture) -> list[str]:

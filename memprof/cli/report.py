@@ -9,8 +9,8 @@ import click
 
 @click.command(short_help="Summarize a .memprof capture.")
 @click.argument("capture_file", metavar="CAPTURE")
-@click.option("--by", type=click.Choice(["category", "node", "layer", "kernel"]), default=None,
-              help="Print what is live at --at grouped this way, instead of the summary.")
+@click.option("--by", type=click.Choice(["category", "node", "layer", "kernel", "step"]), default=None,
+              help="Print what is live at --at grouped this way, instead of the summary; step: a row per step.")
 @click.option("--at", "at", default="peak", show_default=True, metavar="peak|step:N",
               help="Point of the attribution: the peak, or the peak within step N.")
 @click.option("--device", default=None, help="Device to attribute (default: the first CUDA device, else cpu).")

@@ -6,10 +6,10 @@ from dataclasses import asdict, dataclass
 from typing import IO, Any
 
 from memprof.analysis.oom import format_oom
-from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, summarize
+from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, step_rows, summarize
 from memprof.analysis.units import count, fmt_bytes, fmt_mb
 from memprof.capture import Capture
-from memprof.errors import printable
+from memprof.errors import MemprofError, printable
 from memprof.outputs import json_text
 from memprof.reporters.ranks import write_ranks_json, write_ranks_text
 from memprof.reporters.registry import Reporter, register
@@ -22,7 +22,7 @@ class SummaryOptions:
 
 @dataclass(frozen=True)
 class TableOptions:
-    by: str = "category"  # category, node, layer or kernel
+    by: str = "category"  # category, node, layer, kernel, or step (a row per step)
     at: str = "peak"  # peak or step:N
     device: str | None = None  # None: the main device
     top: int | None = None  # rows shown (None: 20 in text, all in JSON)
@@ -186,7 +186,45 @@ def _table(cap: Capture, by: str, at: str, device: str | None) -> tuple[list[Any
 
 
 def _write_table(cap: Capture, o: TableOptions, out: IO[str]) -> None:
-    out.write(render_table(cap, o.by, o.at, o.device, o.top or 20) + "\n")
+    if o.by == "step":
+        out.write(render_steps(cap, _step_device(cap, o)) + "\n")
+    else:
+        out.write(render_table(cap, o.by, o.at, o.device, o.top or 20) + "\n")
+
+
+def _step_device(cap: Capture, o: TableOptions) -> str:
+    if o.at != "peak":
+        raise MemprofError("--by step lists every step; --at does not apply to it")
+    return o.device or cap.main_device
+
+
+def render_steps(cap: Capture, device: str) -> str:
+    """One row per step: when, how long, what was live at its start and end, its peak and how far
+    it rose."""
+    rows = step_rows(cap, device)
+    if not rows:
+        return f"{device}: no steps (a step ends at each optimizer step, or at memprof.step())"
+    reserved = any(r.reserved_at_end is not None for r in rows)
+    peaks = [r.peak_bytes for r in rows]
+    highest = rows[peaks.index(max(peaks))].step
+    lines = [f"{device}: {count(len(rows), 'step')}, bytes exact (a step ends at each optimizer step, or at "
+             "memprof.step(); rise: its peak above what was live when it began)"]
+    lines.extend(f"  {c}" for c in cap.caveats)
+    lines.append(f"  {'step':>5} {'start s':>9} {'ms':>9} {'at start':>10} {'peak':>10} {'peak bytes':>15} "
+                 f"{'rise':>10} {'at end':>10}" + (f" {'reserved':>10}" if reserved else "") + f" {'gc freed':>9}")
+    for r in rows:
+        line = (f"  {r.step:>5} {r.start_s:>9.3f} {r.duration_ms:>9.1f} {fmt_bytes(r.allocated_at_start):>10} "
+                f"{fmt_bytes(r.peak_bytes):>10} {r.peak_bytes:>15,} {fmt_bytes(r.rise_bytes):>10} "
+                f"{fmt_bytes(r.allocated_at_end):>10}")
+        if reserved:
+            line += f" {fmt_bytes(r.reserved_at_end) if r.reserved_at_end is not None else '-':>10}"
+        line += f" {fmt_bytes(r.gc_freed_bytes) if r.gc_freed_bytes else '':>9}"
+        if not r.complete:
+            line += "  (the capture stopped in it)"
+        elif r.step == highest:
+            line += "  highest (the first of its peak)" if peaks.count(max(peaks)) > 1 else "  highest"
+        lines.append(line)
+    return printable("\n".join(lines))
 
 
 def render_table(cap: Capture, by: str = "category", at: str = "peak", device: str | None = None,
@@ -240,6 +278,12 @@ def _layer_matrix(cap: Capture, at: str, device: str, top: int) -> list[str]:
 
 
 def _write_table_json(cap: Capture, o: TableOptions, out: IO[str]) -> None:
+    if o.by == "step":
+        device = _step_device(cap, o)
+        out.write(json_text({"device": device, "by": "step", "exact": cap.exact, "caveats": cap.caveats,
+                             "rows": [{**asdict(r), "rise_bytes": r.rise_bytes} for r in step_rows(cap, device)]},
+                            indent=1) + "\n")
+        return
     rows, _label, exact = _table(cap, o.by, o.at, o.device)
     by, at, device, top = o.by, o.at, o.device, o.top or 0
     out.write(json_text({

@@ -167,6 +167,9 @@ class Measured:
     compile_s: float | None = None
     own_compile_s: float | None = None
     shared_s: float | None = None
+    # the spread of the measured steps' wall times (10th and 90th percentiles): the plot draws it
+    step_ms_p10: float | None = None
+    step_ms_p90: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -290,6 +293,8 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=found, notes=notes,
         gc_freed=gc_freed, block_slack=slack, **estimate_fields(walk),
+        step_ms_p10=float(np.percentile(tm, 10)) if tm else None,
+        step_ms_p90=float(np.percentile(tm, 90)) if tm else None,
     )
 
 

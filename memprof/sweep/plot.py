@@ -28,10 +28,19 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
         if sweep.mode == "measure" and any(e is not None for _b, e in est):
             ax_mem.plot([b for b, e in est if e is not None], [e / MB for _b, e in est if e is not None],
                         linestyle="--", color=line.get_color(), alpha=0.7, label=f"{label}: memprof estimate")
-        time_key = "step_ms" if sweep.mode == "measure" else "compile_s"
-        times = [(r.budget, getattr(r.measured, time_key) if r.measured else None) for r in runs]
-        ax_time.plot([b for b, t in times if t is not None], [t for _b, t in times if t is not None], marker="o",
-                     color=line.get_color(), label=label)
+        if sweep.mode == "measure":  # each budget's median step and the spread of its steps (p10 to p90)
+            timed = [r for r in runs if r.measured and r.measured.step_ms is not None]
+            mid = [r.measured.step_ms or 0.0 for r in timed if r.measured]
+            low = [m - (r.measured.step_ms_p10 if r.measured and r.measured.step_ms_p10 is not None else m)
+                   for r, m in zip(timed, mid, strict=True)]
+            high = [(r.measured.step_ms_p90 if r.measured and r.measured.step_ms_p90 is not None else m) - m
+                    for r, m in zip(timed, mid, strict=True)]
+            ax_time.errorbar([r.budget for r in timed], mid, yerr=[low, high], fmt="o", capsize=3,
+                             color=line.get_color(), label=label)
+        else:
+            times = [(r.budget, r.measured.compile_s if r.measured else None) for r in runs]
+            ax_time.plot([b for b, t in times if t is not None], [t for _b, t in times if t is not None],
+                         marker="o", color=line.get_color(), label=label)
         flags = worst_per_budget(sweep.flags(v))
         if flags:
             ax_mem.scatter([f.low for f in flags], [f.low_peak / MB for f in flags], s=140, facecolors="none",
@@ -47,7 +56,7 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
     ax_mem.set_ylim(bottom=0)
     ax_mem.grid(alpha=0.3)
     ax_mem.legend(fontsize=8)
-    ax_time.set_ylabel("step time (ms, median)" if sweep.mode == "measure" else "compile time (s)")
+    ax_time.set_ylabel("step time (ms: median, bars p10 to p90)" if sweep.mode == "measure" else "compile time (s)")
     ax_time.set_xlabel("torch._functorch.config.activation_memory_budget")
     ax_time.set_ylim(bottom=0)
     ax_time.grid(alpha=0.3)

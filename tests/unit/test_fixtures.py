@@ -125,3 +125,18 @@ def test_a_call_cut_short_is_still_joined_buffer_by_buffer(how: str) -> None:
     assert mine and any(labels.category[p] != Category.GRADIENT for p in mine)
     assert all(labels.names[labels.node[p]].startswith("gradient:") for p in mine
                if labels.category[p] == Category.GRADIENT)
+
+
+def test_the_step_table_has_each_steps_exact_figures(cap: memprof.Capture) -> None:
+    dev = cap.main_device
+    tl = cap.timeline(dev)
+    rows = json.loads(render("table-json", cap, by="step"))["rows"]
+    steps = cap.steps(dev)
+    assert [r["step"] for r in rows] == [s.step for s in steps]
+    for r, s in zip(rows, steps, strict=True):
+        assert r["peak_bytes"] == s.peak and r["allocated_at_end"] == s.allocated_at_end
+        assert r["allocated_at_start"] == tl.allocated_before_row(s.start_row)
+        assert r["rise_bytes"] == s.peak - r["allocated_at_start"] >= 0
+        assert r["duration_ms"] == pytest.approx((s.t_end_ns - s.t_start_ns) / 1e6)
+    text = render("table", cap, by="step")
+    assert f"{max(s.peak for s in steps):,}" in text and "highest" in text
