@@ -288,18 +288,17 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
     """Run the script under capture as `memprof trace` does: saved whatever happens, the summary
     printed. `exiting`: memprof's process ends with the script (`run_script`); `finished(capture)`
     runs once the capture is saved, also when a fatal signal is about to end the process."""
-    import torch._functorch.config as functorch_config
-
     from memprof.analysis.window import never_opened
     from memprof.errors import SaveError
     from memprof.session import session
 
     pid = os.getpid()
-    budget_set = (functorch_config.patch(activation_memory_budget=opts.budget) if opts.budget is not None
-                  else contextlib.nullcontext())
+    from memprof.torch_hooks.budget import budget_set, current_budget
+
+    budget = budget_set(opts.budget)
     meta = {"command": shlex.join(["python", script, *script_args]), "argv": [script, *script_args],
             "script": str(Path(script).resolve()), "remat": opts.remat,
-            "budget": opts.budget if opts.budget is not None else functorch_config.activation_memory_budget}
+            "budget": opts.budget if opts.budget is not None else current_budget()}
     if opts.taken:
         meta["options_after_script"] = list(opts.taken)
 
@@ -314,7 +313,7 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
     save_error: str | None = None
     guard = SaveGuard()
     try:
-        with budget_set, _remat(opts.remat), session(
+        with budget, _remat(opts.remat), session(
                 max_events=opts.max_events, scopes=opts.scopes, kernels=opts.kernels,
                 meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator, replace_spill=opts.force,
                 keep=opts.keep, overwrite=opts.force, on_fatal=on_fatal, before_marker=opts.before_marker,

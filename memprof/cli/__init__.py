@@ -49,7 +49,7 @@ def cli() -> None:
 
 
 def _register() -> None:
-    from memprof.cli import diff, export, report, sweep, sweep_child, trace
+    from memprof.cli import diff, export, fit, report, sweep, sweep_child, trace
 
     cli.add_command(trace.trace)
     cli.add_command(sweep_child.sweep_child)
@@ -57,6 +57,7 @@ def _register() -> None:
     cli.add_command(export.export)
     cli.add_command(diff.diff)
     cli.add_command(sweep.sweep)
+    cli.add_command(fit.fit)
 
 
 _register()

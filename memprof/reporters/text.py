@@ -279,9 +279,9 @@ def _layer_matrix(cap: Capture, at: str, device: str, top: int) -> list[str]:
 
 def _write_table_json(cap: Capture, o: TableOptions, out: IO[str]) -> None:
     if o.by == "step":
-        device = _step_device(cap, o)
-        out.write(json_text({"device": device, "by": "step", "exact": cap.exact, "caveats": cap.caveats,
-                             "rows": [{**asdict(r), "rise_bytes": r.rise_bytes} for r in step_rows(cap, device)]},
+        dev = _step_device(cap, o)
+        out.write(json_text({"device": dev, "by": "step", "exact": cap.exact, "caveats": cap.caveats,
+                             "rows": [{**asdict(r), "rise_bytes": r.rise_bytes} for r in step_rows(cap, dev)]},
                             indent=1) + "\n")
         return
     rows, _label, exact = _table(cap, o.by, o.at, o.device)

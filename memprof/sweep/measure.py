@@ -167,6 +167,10 @@ class Measured:
     compile_s: float | None = None
     own_compile_s: float | None = None
     shared_s: float | None = None
+    # the bytes a step starts from: measured, the level the median step rose from (its peak less
+    # `step_peak`); predicted, what was allocated when the first compiled graph ran plus what the
+    # optimizers' first step adds for their state. `resident + step_peak` is the process's peak
+    resident: int | None = None
     # the spread of the measured steps' wall times (10th and 90th percentiles): the plot draws it
     step_ms_p10: float | None = None
     step_ms_p90: float | None = None
@@ -293,6 +297,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=found, notes=notes,
         gc_freed=gc_freed, block_slack=slack, **estimate_fields(walk),
+        resident=int(tl.allocated_at_pos(pp[ex.index(step_peak)])) - step_peak if pp and step_peak in ex else None,
         step_ms_p10=float(np.percentile(tm, 10)) if tm else None,
         step_ms_p90=float(np.percentile(tm, 90)) if tm else None,
     )

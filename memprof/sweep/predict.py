@@ -45,7 +45,9 @@ from memprof.torch_hooks.predict import (
     allocator_segments,
     eager_runs,
     lazy_kernels,
+    optimizer_state_bytes,
     optimizer_state_requests,
+    resident_bytes,
     share_joint_graph,
     sharing_available,
     stop_at_backward,
@@ -107,14 +109,22 @@ class _Book:
     # what the optimizers' first step will allocate there (`optimizer_state_requests`)
     segments: tuple[int, list[dict[str, Any]]] | None = None
     optimizer_state: tuple[list[int], list[str]] | None = None
+    # what a step starts from: the bytes allocated when the first compiled graph ran (on the device
+    # the parameters live on), and those the optimizers' first step adds for their state
+    resident: tuple[str, int] | None = None
+    state_bytes: int = 0
 
     def before_first_run(self) -> None:
         if self.segments is None:
             self.segments = allocator_segments() or (-1, [])
+        if self.resident is None:
+            self.resident = resident_bytes()
 
     def at_stop(self) -> None:
         if self.segments is not None and self.segments[0] >= 0:
             self.optimizer_state = optimizer_state_requests(self.segments[0])
+        if self.resident is not None:
+            self.state_bytes = optimizer_state_bytes(self.resident[0])
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:
@@ -139,9 +149,8 @@ def predict(script: str, args: list[str], budgets: Sequence[float], remat: str |
             device_lock: Path | None = None) -> list[ChildResult]:
     """One result per budget, in the order given; the first budget is the one the script runs with.
     With `device_lock`, the script's compiled graphs run only while this process holds it (`DeviceTurn`)."""
-    import torch._functorch.config as functorch_config
-
     from memprof.runner import run_script
+    from memprof.torch_hooks.budget import budget_set
     from memprof.torch_hooks.plan_recorder import PlanRecorder
 
     if not budgets:
@@ -155,8 +164,7 @@ def predict(script: str, args: list[str], budgets: Sequence[float], remat: str |
     book = _Book(recorder)
     t0 = time.perf_counter()
     with contextlib.ExitStack() as undo:  # undone in reverse
-        undo.enter_context(functorch_config.patch(activation_memory_budget=first,
-                                                  force_non_lazy_backward_lowering=True))
+        undo.enter_context(budget_set(first, force_non_lazy_backward_lowering=True))
         if remat:
             from memprof.remat import enable
 
@@ -213,7 +221,8 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
               for j, g in enumerate(recorder.graphs) if book.graph_owner.get(j, b) == b]
     error = book.errors.get(b)
     kernels, compiled = book.kernel_counts(b)
-    device = "cuda" if any("empty_strided_cuda" in g.source for g in graphs) else "cpu"
+    # (every wrapper defines the name empty_strided_cuda; a CUDA graph calls it)
+    device = "cuda" if any("empty_strided_cuda((" in g.source for g in graphs) else "cpu"
     allocator, between = _allocator(book, device, notes)
     found, walk = (estimates(plans, graphs, device, allocator=allocator, between=between) if error is None
                    else ({}, None))
@@ -235,7 +244,8 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
         # no capture: what is live at the peak is memprof's estimate's (the step's own allocations)
         at_peak=explained["estimate_at_peak"], peak_phase=explained["estimate_peak_phase"], at_peak_source="estimate",
         # what this budget alone would take: its own partition and compile, and the shared part
-        compile_s=round(shared + own, 2), own_compile_s=round(own, 2), shared_s=round(shared, 2), **explained)
+        compile_s=round(shared + own, 2), own_compile_s=round(own, 2), shared_s=round(shared, 2),
+        resident=book.resident[1] + book.state_bytes if book.resident is not None else None, **explained)
     return ChildResult(b, remat or "off", status, code, error, measured, details={
         "stopped_at_backward": result.status == "stopped", "group": list(budgets), "ran_script": b == first,
         "kernels": kernels, "kernels_compiled": compiled,

@@ -10,6 +10,7 @@
 - `runtime`: a capture's run-time hooks (kernel scopes, torch.profiler, optimizer steps, the
   garbage collector, child processes, Dynamo's recompile limit);
 - `predict`: what `memprof sweep --predict` changes (lazy kernels, op-by-op graphs, shared stages);
+- `budget`: the one place memprof sets the activation memory budget (functorch's config);
 - `fx`: reading FX nodes without changing them (sizes never add a guard).
 
 Nothing here adds a guard or specializes a shape.

@@ -93,13 +93,13 @@ def build_plan(index: int, backend: str, partitioner: str, budget: float, num_fw
 
 def resolve_budget(joint: Any) -> float:
     """The budget the partitioner applies: the config value, unless a node carries its own."""
-    import torch._functorch.config as functorch_config
+    from memprof.torch_hooks.budget import current_budget
 
     for n in joint.graph.nodes:
         b = n.meta.get("memory_budget")
         if isinstance(b, float):
             return b
-    return float(functorch_config.activation_memory_budget)
+    return current_budget()
 
 
 def _graph_notes(kwargs: dict[str, Any]) -> list[str]:

@@ -171,7 +171,8 @@ def share_joint_graph(patches: Patches, book: Book, first: float, others: Sequen
     """AOTAutograd's partition-and-compile stage compiles `others` before `first`, each from a copy
     of the same joint graph."""
     import torch._functorch._aot_autograd.graph_compile as graph_compile
-    import torch._functorch.config as functorch_config
+
+    from memprof.torch_hooks.budget import budget_set
 
     original = graph_compile.aot_stage2_autograd
 
@@ -185,7 +186,7 @@ def share_joint_graph(patches: Patches, book: Book, first: float, others: Sequen
                 with book.compiling(b):
                     try:
                         state, cap = copies(aot_state, capture)
-                        with functorch_config.patch(activation_memory_budget=b):
+                        with budget_set(b):
                             original(state, cap, *rest, **kwargs)
                     except Exception as exc:
                         book.errors[b] = one_line(exc)
@@ -266,12 +267,50 @@ def allocator_segments() -> tuple[int, list[dict[str, Any]]] | None:
     return device, [s for s in segments if int(s.get("device", -1)) == device]
 
 
+def resident_bytes() -> tuple[str, int]:
+    """The device the script's parameters live on ("cuda" or "cpu") and the bytes allocated there now:
+    on CUDA the caching allocator's count (exact), on the CPU the storages of every tensor Python
+    can reach (the parameters, buffers and data the script holds; C++-only allocations are not seen)."""
+    import torch
+
+    from memprof.torch_hooks.known_tensors import live_instances
+
+    modules = live_instances(torch.nn.Module)
+    on_cuda = any(p.is_cuda for m in modules for p in m.parameters(recurse=False))
+    if on_cuda and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return "cuda", int(torch.cuda.memory_allocated())
+    seen: dict[int, int] = {}
+    for t in live_instances(torch.Tensor):
+        try:
+            if t.device.type == "cpu" and not t.is_meta:
+                storage = t.untyped_storage()
+                seen[storage.data_ptr()] = storage.nbytes()
+        except (RuntimeError, NotImplementedError):  # tensors without storage (fakes, subclasses)
+            continue
+    seen.pop(0, None)
+    return "cpu", sum(seen.values())
+
+
+def optimizer_state_bytes(device_type: str) -> int:
+    """What the first step of each live optimizer allocates on `device_type` for its state, as
+    `optimizer_state_requests` counts it (optimizers it does not know count nothing)."""
+    import torch
+
+    if device_type == "cuda":
+        return sum(optimizer_state_requests(torch.cuda.current_device())[0]) if torch.cuda.is_initialized() else 0  # type: ignore[no-untyped-call]
+    return sum(_state_requests(lambda p: p.device.type == "cpu")[0])
+
+
 def optimizer_state_requests(device: int) -> tuple[list[int], list[str]]:
     """What the first step of each live optimizer allocates on CUDA device `device`, in the order it
     does (its state; Adam and AdamW: per parameter the step count where it lives on the device
     (fused or capturable), exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad; SGD: a momentum
     buffer where momentum is set); and the names of optimizers whose state is not known this way.
     Parameters whose state exists already (a step ran) allocate nothing."""
+    return _state_requests(lambda p: p.device.type == "cuda" and (p.device.index or 0) == device)
+
+
+def _state_requests(here: Any) -> tuple[list[int], list[str]]:
     import torch
 
     from memprof.torch_hooks.known_tensors import live_instances
@@ -282,8 +321,7 @@ def optimizer_state_requests(device: int) -> tuple[list[int], list[str]]:
         adam = isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
         for group in opt.param_groups:
             for p in group["params"]:
-                elsewhere = p.device.type != "cuda" or (p.device.index or 0) != device
-                if not p.requires_grad or elsewhere or opt.state.get(p):
+                if not p.requires_grad or not here(p) or opt.state.get(p):
                     continue
                 nbytes = p.numel() * p.element_size()
                 if adam:

@@ -134,6 +134,6 @@ def test_bad_and_oversized_snapshots_are_one_line(tmp_path: Path) -> None:
     small = tmp_path / "list.pickle"
     assert "cap for snapshots" in one_line_error(
         invoke_memprof("report", str(small), cwd=tmp_path, env={"MEMPROF_MAX_SNAPSHOT_MB": "0.000001"}))
-    assert "--max-counter-points applies to --format chrome" in one_line_error(invoke_memprof(
+    assert "--max-counter-points does not apply to --format snapshot" in one_line_error(invoke_memprof(
         "export", str(FIXTURES / "tiny_compiled.memprof"), "--format", "snapshot", "-o", str(tmp_path / "o.pickle"),
         "--max-counter-points", "100", cwd=tmp_path))

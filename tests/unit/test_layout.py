@@ -73,8 +73,9 @@ def _base(node: ast.expr) -> str:
 
 
 def test_only_torch_hooks_patch_torch() -> None:
-    """Assignments to attributes of torch, networkx or multiprocessing objects (and setattr on them)
-    happen only in `memprof/torch_hooks/`, through `Patches`."""
+    """Assignments to attributes of torch, networkx or multiprocessing objects (setattr on them, and
+    their config modules' `patch(...)`) happen only in `memprof/torch_hooks/`, through `Patches`
+    (the activation memory budget: `torch_hooks.budget`)."""
     offenders = []
     for name, path in _modules().items():
         if name.startswith("memprof.torch_hooks"):
@@ -86,6 +87,9 @@ def test_only_torch_hooks_patch_torch() -> None:
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr",
                                                                                                      "delattr"):
                 targets = [ast.Attribute(value=node.args[0], attr="?")] if node.args else []
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "patch"
+                  and _base(node.func) in _TORCH_NAMES):
+                targets = [node.func]
             offenders += [f"{name}:{node.lineno}" for t in targets
                           if isinstance(t, ast.Attribute) and _base(t) in _TORCH_NAMES]
     assert not offenders, offenders

@@ -1,0 +1,88 @@
+"""`memprof fit SCRIPT [ARGS]... --memory SIZE`: the configuration that fits, proved by a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from memprof.cli.options import ScriptCommand
+
+DEFAULT_BUDGETS = "0.0,0.02,0.05,0.1,0.2,0.3,0.5,1.0"
+
+
+@click.command(cls=ScriptCommand, short_help="Find the configuration that fits in a memory limit, and prove it.")
+@click.argument("script")
+@click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--memory", "memory", required=True, metavar="SIZE|device",
+              help="The limit: 24GB, 22.5GiB, 8000MB, or 'device' (the device's free memory now; on the CPU, "
+                   "the machine's available memory).")
+@click.option("--budgets", "spec", default=DEFAULT_BUDGETS, show_default=True,
+              help="The activation_memory_budgets searched: 0.05,0.1 or START:STOP:STEP.")
+@click.option("--remat", "remat", type=click.Choice(["light", "all"]), multiple=True,
+              help="The remat modes searched at every budget beside stock [default: light].")
+@click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
+              help="Predicting processes at once [default: the cores, up to 4].")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Output directory [default: fit_SCRIPT_STEM]: the predictions, the verifying runs' "
+                   "captures, fit.json.")
+@click.option("--force", is_flag=True, help="Replace an existing fit directory.")
+@click.option("--timeout", type=click.FloatRange(min=1), default=None, help="Seconds one run may take.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat: tuple[str, ...],
+        jobs: int | None, output: str | None, force: bool, timeout: float | None, as_json: bool) -> int:
+    """Predict the peak of every configuration memprof can set (stock budgets, and its remat pass at
+    each) with no training step, run the one that fits with the least recomputation, and print the
+    certificate: the limit, the predicted and measured peak, the margin, the command and the lines
+    of Python that apply it. When nothing fits, it says by how much and what would close the gap.
+    Exit status 0 when a configuration fits, 1 when none does."""
+    import json
+    import os
+
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from memprof.analysis.units import parse_size
+    from memprof.errors import MemprofError, printable
+    from memprof.fit import device_limit
+    from memprof.fit import fit as run_fit
+    from memprof.fit.report import fit_json, format_fit
+    from memprof.outputs import json_text, write_text
+    from memprof.runner import check_script
+    from memprof.sweep import parse_budgets, prepare_dir
+    from memprof.sweep.manifest import record_files
+
+    if memory.strip().lower() == "device":
+        limit, _dev = device_limit()
+    else:
+        try:
+            limit = parse_size(memory)
+        except ValueError as exc:
+            raise MemprofError(f"--memory: {exc}") from None
+    if limit <= 0:
+        raise MemprofError("--memory must be more than 0 bytes")
+    budgets = parse_budgets(spec)
+    path = check_script(script)
+    out = Path(output) if output else Path(f"fit_{path.stem}")
+    prepare_dir(out, force, path)
+    modes = list(dict.fromkeys(remat)) or ["light"]
+    jobs = jobs or min(4, os.cpu_count() or 1)
+    total = len(budgets) * (1 + len(modes))
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("predicting", total=total)
+
+        def step(_run: object) -> None:
+            if bar.tasks[task].completed < total:
+                bar.advance(task)
+            else:
+                bar.update(task, description="verifying")
+
+        result = run_fit(script, list(script_args), limit, budgets, modes, out, jobs=jobs, timeout=timeout,
+                         progress=step)
+    record_files(out, "fit.json")
+    doc = fit_json(result)
+    write_text(out / "fit.json", json.dumps(doc, indent=1) + "\n")
+    click.echo(json_text(doc, indent=1) if as_json else printable(format_fit(result)))
+    click.echo(f"memprof: results in {out / 'fit.json'}", err=True)
+    return 0 if result.fits else 1

@@ -1,0 +1,136 @@
+"""`memprof fit`: the configuration that fits a training step under a memory limit, found by
+compile-time prediction and proved by a run.
+
+Every configuration memprof can set (stock budgets, and its remat pass at each) is predicted as
+`memprof sweep --predict` does (no training step: the script stops at its first backward; budgets
+share a process's script start, Dynamo trace and joint graph); the one predicted to fit with the
+least recomputation runs for real (`memprof sweep`'s measured run: a capture), and stands only if
+its run stayed under the limit (reserved bytes on CUDA, allocated on the CPU); else the next one
+runs. When none fits, the smallest one runs, and its capture says what would close the gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from memprof.analysis.labels import CATEGORIES
+from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, smallest, suggestions
+
+__all__ = ["Candidate", "Config", "FitResult", "Measured", "device_limit", "fit"]
+
+BATCH_SCALED = ("saved_activation", "recomputed", "temporary", "input", "rng_mask", "workspace")
+MAX_VERIFY = 3  # runs at most, when the preferred configurations' runs exceed the limit
+
+
+def device_limit() -> tuple[int, str]:
+    """The memory a job can have: on CUDA the device's free memory now (its total less what is
+    outside PyTorch: other processes, the CUDA context), else the machine's available memory."""
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            free, _total = torch.cuda.mem_get_info()
+            return int(free), "cuda"
+    except (ImportError, RuntimeError):
+        pass
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "cpu"
+    raise OSError("no /proc/meminfo MemAvailable line: give --memory as a size")
+
+
+def _candidates(sweep: object) -> list[Candidate]:
+    from memprof.sweep.result import Sweep, run_value
+
+    assert isinstance(sweep, Sweep)
+    out = []
+    for run in sweep.runs:
+        m = run.measured
+        facts = m.facts if m is not None else None
+        out.append(Candidate(Config(run.budget, None if run.variant == "stock" else run.variant),
+                             run_value(run, "predict") if run.ok else None, m.resident if m is not None else None,
+                             facts.recomputed_bytes if facts is not None else None,
+                             not (facts is not None and facts.recomputed_random),
+                             None if run.ok else (run.error or run.status)))
+    return out
+
+
+def _verify(script: str, args: Sequence[str], config: Config, out: Path, n: int, timeout: float | None,
+            progress: Callable[[object], None] | None) -> tuple[Measured | None, str | None]:
+    """One real run of `config` (a measured sweep of one budget); the run's figures, or why it has none."""
+    from memprof.capture import load
+    from memprof.sweep.manifest import record_files
+    from memprof.sweep.runner import run_sweep
+
+    variant = config.remat or "stock"
+    sweep = run_sweep(script, args, [config.budget], [variant], out, timeout=timeout, progress=progress)
+    record_files(out, f"verify-{n}.json")
+    (out / "sweep.json").replace(out / f"verify-{n}.json")
+    run = sweep.runs[0]
+    if run.measured is None or run.capture is None:
+        return None, run.error or run.status
+    cap = load(out / run.capture)
+    dev = run.measured.device
+    tl = cap.timeline(dev)
+    m = run.measured
+    return Measured(config, cap.peak(dev, lower_bound=True), tl.reserved_peak if tl.has_reserved else None,
+                    m.step_peak, m.resident, m.step_ms, run.capture, cap.exact), \
+        (None if run.ok else run.error or run.status)
+
+
+def _gap_suggestions(result: FitResult, out: Path, measured: Measured) -> None:
+    from memprof.capture import load
+
+    cap = load(out / measured.capture)
+    dev = cap.main_device
+    over = max(measured.peak, measured.reserved_peak or 0) - result.limit
+    at_peak = {r.key: int(r.bytes) for r in cap.attribution("peak", "category", dev, lower_bound=True)}
+    labels = cap.labels(dev)
+    tl = cap.timeline(dev)
+    largest = []  # the largest live allocation that grows with the batch (not a parameter or state)
+    for a in cap.live_at(dev, top=50):
+        pos = int(tl.pos_before_row(a.row)) + 1
+        if CATEGORIES[int(labels.category[pos])] in BATCH_SCALED:
+            largest.append((labels.names[int(labels.node[pos])] or a.scope, a.bytes))
+            break
+    slack = 0
+    if tl.has_reserved and len(tl.reserved):
+        k = int(tl.reserved.argmax())
+        slack = int(tl.reserved[k]) - tl.allocated_before_row(int(tl.reserved_rows[k]) + 1)
+    result.suggestions = suggestions(over, at_peak, largest, slack)
+
+
+def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], modes: Sequence[str], out: Path,
+        jobs: int = 1, timeout: float | None = None, progress: Callable[[object], None] | None = None) -> FitResult:
+    """Predict every configuration, verify the preferred one that fits (up to MAX_VERIFY runs), or,
+    when none is predicted to, run the smallest and say what would close the gap. `out` must be
+    ready (`memprof.sweep.prepare_dir`)."""
+    from memprof.sweep.manifest import record_files
+    from memprof.sweep.runner import run_sweep
+
+    search = run_sweep(script, args, budgets, ["stock", *modes], out, jobs=jobs, timeout=timeout,
+                       progress=progress, predict=True)
+    record_files(out, "search.json")
+    (out / "sweep.json").replace(out / "search.json")
+    candidates = _candidates(search)
+    device = next((r.measured.device for r in search.runs if r.measured is not None), "cpu")
+    result = FitResult(limit, device, candidates, command=[script, *args])
+    for n, cand in enumerate(fitting(candidates, limit)[:MAX_VERIFY], start=1):
+        measured, _why = _verify(script, args, cand.config, out, n, timeout, progress)
+        if measured is None:
+            continue
+        result.verified.append(measured)
+        if measured.within(limit):
+            result.choice = measured
+            return result
+    best = smallest(candidates)
+    if best is not None and not any(m.config == best.config for m in result.verified):
+        measured, _why = _verify(script, args, best.config, out, len(result.verified) + 1, timeout, progress)
+        if measured is not None:
+            result.verified.append(measured)
+    runs = [m for m in result.verified if m.config == (best.config if best else None)] or result.verified
+    if runs:
+        _gap_suggestions(result, out, min(runs, key=lambda m: m.peak))
+    return result

@@ -1,0 +1,143 @@
+"""What `memprof fit` decides, as pure functions of its predictions and its verifying run: which
+configuration to run, whether it fits, and what would close the gap when none does."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from memprof.analysis.units import fmt_bytes
+
+
+@dataclass(frozen=True)
+class Config:
+    """What memprof can set: the partitioner's activation memory budget, and its remat pass."""
+
+    budget: float
+    remat: str | None = None  # None: stock; "light" or "all"
+
+    @property
+    def label(self) -> str:
+        return f"budget {self.budget:g}" + (f" with --remat {self.remat}" if self.remat else " (stock)")
+
+    def trace_options(self) -> list[str]:
+        return ["--budget", f"{self.budget:g}", *(["--remat", self.remat] if self.remat else [])]
+
+    def python_lines(self) -> list[str]:
+        lines = [f"torch._functorch.config.activation_memory_budget = {self.budget:g}"]
+        if self.remat:
+            lines.append(f'memprof.remat.enable("{self.remat}")  # before the first compile')
+        return lines
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One configuration as compile-time prediction saw it (no step ran)."""
+
+    config: Config
+    step_peak: int | None  # memprof's estimate of the step's peak above its resident bytes
+    resident: int | None  # bytes a step starts from (parameters, data, the optimizers' state)
+    recomputed_bytes: int | None = None
+    random_ops_saved: bool = True  # False: the plan redraws a random op in the backward
+    error: str | None = None
+
+    @property
+    def peak(self) -> int | None:
+        """The predicted peak of the process's allocated bytes on the device."""
+        if self.step_peak is None or self.resident is None:
+            return None
+        return self.resident + self.step_peak
+
+
+def preference(c: Candidate) -> tuple[float, int, int]:
+    """Least recomputation first: the highest budget (the partitioner recomputes less the more budget
+    it has; the remat pass keeps the step time of stock at its budget), stock before the pass at one
+    budget, then the fewest recomputed bytes."""
+    return (-c.config.budget, 0 if c.config.remat is None else 1, c.recomputed_bytes or 0)
+
+
+def fitting(candidates: Sequence[Candidate], limit: int) -> list[Candidate]:
+    """The candidates predicted to fit under `limit` bytes, in order of preference (random ops
+    redrawn in the backward are wrong gradients: those plans never fit)."""
+    ok = [c for c in candidates if c.peak is not None and c.peak <= limit and c.random_ops_saved]
+    return sorted(ok, key=preference)
+
+
+def smallest(candidates: Sequence[Candidate]) -> Candidate | None:
+    known = [c for c in candidates if c.peak is not None and c.random_ops_saved]
+    return min(known, key=lambda c: (c.peak or 0, preference(c))) if known else None
+
+
+@dataclass(frozen=True)
+class Measured:
+    """The verifying run of one configuration (a `memprof trace` capture)."""
+
+    config: Config
+    peak: int  # the process's allocated peak on the device (`Capture.peak`)
+    reserved_peak: int | None  # the caching allocator's reserved peak (CUDA)
+    step_peak: int | None
+    resident: int | None
+    step_ms: float | None
+    capture: str
+    exact: bool = True
+
+    def within(self, limit: int) -> bool:
+        """Whether the run stayed under the limit: its reserved bytes on CUDA (what the device gives
+        out), its allocated bytes on the CPU."""
+        return max(self.peak, self.reserved_peak or 0) <= limit
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    what: str
+    saves: int  # bytes it takes off the peak, by the capture's figures
+
+
+def suggestions(gap: int, at_peak: Mapping[str, int], largest: Sequence[tuple[str, int]],
+                reserved_slack: int) -> list[Suggestion]:
+    """What would close a `gap` of bytes, from the verifying run's capture of the smallest
+    configuration: its bytes at the peak by category, its largest live allocations (name, bytes)
+    and reserved-but-unallocated bytes at the reserved peak. Largest saving first."""
+    out: list[Suggestion] = []
+    state = at_peak.get("optimizer_state", 0)
+    if state:
+        out.append(Suggestion(f"the optimizer state is {fmt_bytes(state)} at the peak: an 8-bit optimizer "
+                              "(bitsandbytes' AdamW8bit) holds about a quarter of it", state * 3 // 4))
+        for ranks in (2, 4, 8, 16, 32, 64):
+            if state - state // ranks >= gap:
+                out.append(Suggestion(f"sharding the optimizer state over {ranks} ranks (ZeRO-1, FSDP) holds "
+                                      f"{fmt_bytes(state // ranks)} of it per rank", state - state // ranks))
+                break
+    grads = at_peak.get("gradient", 0)
+    params = at_peak.get("parameter", 0)
+    if grads and params:
+        out.append(Suggestion(f"parameters and gradients are {fmt_bytes(params + grads)}: FSDP over 2 ranks "
+                              "shards both", (params + grads) // 2))
+    for name, size in largest[:1]:
+        out.append(Suggestion(f"the largest tensor live at the peak is {name} ({fmt_bytes(size)}): it scales "
+                              "with the batch (halving the batch takes about half of it off)", size // 2))
+    if reserved_slack >= max(gap // 4, 1):
+        out.append(Suggestion(f"the caching allocator reserved {fmt_bytes(reserved_slack)} it had not allocated "
+                              "at its reserved peak: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True gives "
+                              "most of it back", reserved_slack))
+    return sorted(out, key=lambda s: -s.saves)
+
+
+@dataclass
+class FitResult:
+    """What `memprof fit` found: the limit, every prediction, the runs that verified one, its choice."""
+
+    limit: int
+    device: str
+    candidates: list[Candidate]
+    verified: list[Measured] = field(default_factory=list)
+    choice: Measured | None = None  # the preferred configuration whose run stayed under the limit
+    suggestions: list[Suggestion] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)  # the script and its arguments
+
+    @property
+    def fits(self) -> bool:
+        return self.choice is not None
+
+    def candidate(self, config: Config) -> Candidate | None:
+        return next((c for c in self.candidates if c.config == config), None)

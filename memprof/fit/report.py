@@ -1,0 +1,98 @@
+"""`memprof fit`'s certificate: the limit, the choice and its proof (predicted against measured), or
+why nothing fits and what would; as text and as JSON."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from memprof.analysis.units import fmt_bytes
+from memprof.fit.plan import Candidate, FitResult, Measured, smallest
+
+
+def _share(n: int, limit: int) -> str:
+    return f"{n / limit:.1%}" if limit else "-"
+
+
+def _proof(r: FitResult, m: Measured, cand: Candidate | None) -> list[str]:
+    what = "allocated" if m.exact else "allocated, a lower bound: the capture dropped events"
+    lines = []
+    if cand is not None and cand.peak is not None:
+        err = (cand.peak - m.peak) / m.peak if m.peak else 0.0
+        lines.append(f"  predicted peak {fmt_bytes(cand.peak)} ({cand.peak:,} B: resident "
+                     f"{fmt_bytes(cand.resident or 0)} + step {fmt_bytes(cand.step_peak or 0)}); "
+                     f"measured {fmt_bytes(m.peak)} ({m.peak:,} B {what}, prediction {err:+.2%})")
+    if m.reserved_peak is not None:
+        lines.append(f"  reserved by the caching allocator at most {fmt_bytes(m.reserved_peak)} "
+                     f"({m.reserved_peak:,} B)")
+    top = max(m.peak, m.reserved_peak or 0)
+    word = "margin" if top <= r.limit else "over the limit by"
+    lines.append(f"  {word} {fmt_bytes(abs(r.limit - top))} ({_share(abs(r.limit - top), r.limit)} of the limit)")
+    return lines
+
+
+def format_fit(r: FitResult) -> str:
+    limit = f"{fmt_bytes(r.limit)} ({r.limit:,} B, {r.device})"
+    predicted = [c for c in r.candidates if c.peak is not None]
+    lines = [f"memprof fit: {shlex.join(r.command)} under {limit}",
+             f"  {len(predicted)} of {len(r.candidates)} configurations predicted, "
+             f"{len(r.verified)} run to verify"]
+    failed = [c for c in r.candidates if c.error]
+    if failed:
+        lines.append(f"  {len(failed)} could not be predicted: "
+                     + "; ".join(f"{c.config.label}: {c.error}" for c in failed[:3]))
+    if r.choice is not None:
+        m = r.choice
+        lines.insert(0, f"FITS: {m.config.label}")
+        lines += _proof(r, m, r.candidate(m.config))
+        if m.step_ms is not None:
+            lines.append(f"  step time {m.step_ms:.1f} ms (median of the run's steps after the first; the only "
+                         "configuration timed is this one)")
+        cand = r.candidate(m.config)
+        lines.append("  random ops: " + ("saved, never redrawn in the backward" if cand is None or
+                                         cand.random_ops_saved else "REDRAWN in the backward"))
+        lines.append(f"  run it:  memprof trace {shlex.join([*m.config.trace_options(), *r.command])}")
+        lines.append("  or in the script, before it compiles:")
+        lines += [f"    {line}" for line in ["import torch, memprof" if m.config.remat else "import torch",
+                                              *m.config.python_lines()]]
+        for other in r.verified:
+            if other is not m:
+                high = max(other.peak, other.reserved_peak or 0)
+                lines.append(f"  also run: {other.config.label}: {fmt_bytes(high)}, over the limit")
+        return "\n".join(lines)
+    best = smallest(r.candidates)
+    lines.insert(0, "DOES NOT FIT: no configuration memprof can set keeps the step under the limit")
+    if best is not None and best.peak is not None:
+        lines.append(f"  the smallest: {best.config.label}, predicted {fmt_bytes(best.peak)}, "
+                     f"{fmt_bytes(best.peak - r.limit)} over" if best.peak > r.limit else
+                     f"  the smallest: {best.config.label}, predicted {fmt_bytes(best.peak)}")
+    for m in r.verified:
+        lines.append(f"  run: {m.config.label}")
+        lines += ["  " + x for x in _proof(r, m, r.candidate(m.config))]
+    if r.suggestions:
+        lines.append("  what would close the gap (from the capture of the smallest configuration):")
+        lines += [f"    - {s.what} (about {fmt_bytes(s.saves)} less)" for s in r.suggestions]
+    return "\n".join(lines)
+
+
+def fit_json(r: FitResult) -> dict[str, Any]:
+    choice = r.choice
+    cand = r.candidate(choice.config) if choice is not None else smallest(r.candidates)
+    shown = choice or next((m for m in r.verified if cand is not None and m.config == cand.config), None)
+    return {
+        "limit_bytes": r.limit, "device": r.device, "fits": r.fits,
+        "choice": ({"budget": choice.config.budget, "remat": choice.config.remat} if choice is not None else None),
+        "predicted_peak_bytes": cand.peak if cand is not None else None,
+        "measured_peak_bytes": shown.peak if shown is not None else None,
+        "measured_reserved_bytes": shown.reserved_peak if shown is not None else None,
+        "step_ms": shown.step_ms if shown is not None else None,
+        "command": (["memprof", "trace", *choice.config.trace_options(), *r.command] if choice is not None else None),
+        "python": choice.config.python_lines() if choice is not None else None,
+        "candidates": [{"budget": c.config.budget, "remat": c.config.remat, "predicted_peak_bytes": c.peak,
+                        "resident_bytes": c.resident, "step_peak_bytes": c.step_peak,
+                        "random_ops_saved": c.random_ops_saved, "error": c.error} for c in r.candidates],
+        "verified": [{"budget": m.config.budget, "remat": m.config.remat, "peak_bytes": m.peak,
+                      "reserved_peak_bytes": m.reserved_peak, "step_ms": m.step_ms, "capture": m.capture,
+                      "within_limit": m.within(r.limit)} for m in r.verified],
+        "suggestions": [{"what": s.what, "saves_bytes": s.saves} for s in r.suggestions],
+    }

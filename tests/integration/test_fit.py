@@ -1,0 +1,96 @@
+"""`memprof fit`: the configuration that fits under a limit, predicted with no training step and proved
+by a run, end to end on the bundled Llama (CPU: the limit is on the CPU allocator's bytes); what it
+says when nothing fits; and its choice and suggestions as pure functions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import memprof
+from memprof.fit.plan import Candidate, Config, fitting, preference, smallest, suggestions
+
+from ..conftest import ROOT, invoke_memprof, one_line_error, run_memprof
+
+SCRIPT = str(ROOT / "examples" / "train_llama.py")
+
+
+def _candidate(budget: float, remat: str | None, step: int, random_saved: bool = True) -> Candidate:
+    return Candidate(Config(budget, remat), step, 1_000, 0, random_saved)
+
+
+def test_the_choice_is_the_highest_budget_that_fits() -> None:
+    cands = [_candidate(1.0, None, 900), _candidate(0.1, None, 500), _candidate(0.1, "light", 400),
+             _candidate(0.05, None, 300), _candidate(0.0, "light", 200, random_saved=False)]
+    assert [c.config for c in fitting(cands, 1_600)] == [Config(0.1, None), Config(0.1, "light"), Config(0.05)]
+    assert [c.config for c in fitting(cands, 1_450)] == [Config(0.1, "light"), Config(0.05)]
+    assert fitting(cands, 1_000) == []
+    # a plan that redraws random ops in the backward never fits (wrong gradients), nor is it the smallest
+    assert smallest(cands) == cands[3]
+    assert sorted(cands, key=preference)[0].config == Config(1.0)
+
+
+def test_what_would_close_the_gap_is_computed_from_the_bytes() -> None:
+    found = suggestions(600, {"optimizer_state": 1_000, "parameter": 400, "gradient": 400},
+                        [("fw0:logits", 2_000)], reserved_slack=0)
+    saves = {s.what.split(":")[0]: s.saves for s in found}
+    assert saves["the optimizer state is 1.0 kB at the peak"] == 750
+    assert any("over 4 ranks" in s.what and s.saves == 750 for s in found)  # the fewest ranks closing 600 B
+    assert any("FSDP over 2 ranks" in s.what and s.saves == 400 for s in found)
+    assert found[0].saves == max(s.saves for s in found)
+    assert any("fw0:logits" in s.what and s.saves == 1_000 for s in found)
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object], str]:
+    out = tmp_path_factory.mktemp("fit") / "fit"
+    res = run_memprof("fit", "--memory", "3.25MB", "--budgets", "0.0,0.1,1.0", "--jobs", "2", "-o", str(out),
+                      "--json", SCRIPT, "--", "--steps", "4", cwd=out.parent)
+    assert res.returncode == 0, res.stderr
+    return out, json.loads(res.stdout), res.stderr
+
+
+def test_a_limit_between_the_smallest_and_the_largest_is_met_and_proved(
+        fitted: tuple[Path, dict[str, object], str]) -> None:
+    out, doc, _err = fitted
+    assert doc["fits"] is True and doc["limit_bytes"] == 3_250_000 and doc["device"] == "cpu"
+    cands = doc["candidates"]
+    assert isinstance(cands, list) and len(cands) == 6
+    stock_1 = next(c for c in cands if c["budget"] == 1.0 and c["remat"] is None)
+    assert stock_1["predicted_peak_bytes"] > 3_250_000  # the stock default would not fit: the choice matters
+    choice = doc["choice"]
+    assert isinstance(choice, dict) and choice["budget"] < 1.0
+    # the proof: the verifying run's capture, its peak under the limit and within 1% of the prediction
+    measured, predicted = doc["measured_peak_bytes"], doc["predicted_peak_bytes"]
+    assert isinstance(measured, int) and isinstance(predicted, int)
+    assert measured <= 3_250_000 and abs(predicted - measured) <= 0.01 * measured
+    verified = doc["verified"]
+    assert isinstance(verified, list)
+    cap = memprof.load(out / verified[-1]["capture"])
+    assert cap.peak("cpu") == measured
+    assert doc["command"][:2] == ["memprof", "trace"] and "--budget" in doc["command"]
+    assert json.loads((out / "fit.json").read_text()) == doc
+
+
+def test_nothing_fits_says_by_how_much_and_what_would(tmp_path: Path) -> None:
+    res = run_memprof("fit", "--memory", "2MB", "--budgets", "0.0,1.0", "--jobs", "2", "-o", str(tmp_path / "f"),
+                      SCRIPT, "--", "--steps", "3", cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert res.stdout.startswith("DOES NOT FIT") and " over" in res.stdout
+    assert "optimizer state" in res.stdout and "8-bit" in res.stdout
+    doc = json.loads((tmp_path / "f" / "fit.json").read_text())
+    assert doc["fits"] is False and doc["choice"] is None and doc["suggestions"]
+    assert doc["measured_peak_bytes"] > 2_000_000
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--memory", "lots"], "--memory: 'lots' is not a size"),
+    (["--memory", "0GB"], "--memory must be more than 0 bytes"),
+    (["--memory", "1GB", "--budgets", "2"], "outside [0, 1]"),
+])
+def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:
+    line = one_line_error(invoke_memprof("fit", *args, SCRIPT, cwd=tmp_path))
+    assert message in line
+    assert not list(tmp_path.iterdir())
