@@ -8,8 +8,6 @@ import click
 
 from memprof.cli.options import ScriptCommand
 
-DEFAULT_BUDGETS = "0.0,0.02,0.05,0.1,0.2,0.3,0.5,1.0"
-
 
 @click.command(cls=ScriptCommand, short_help="Find the configuration that fits in a memory limit, and prove it.")
 @click.argument("script")
@@ -17,7 +15,7 @@ DEFAULT_BUDGETS = "0.0,0.02,0.05,0.1,0.2,0.3,0.5,1.0"
 @click.option("--memory", "memory", required=True, metavar="SIZE|device",
               help="The limit: 24GB, 22.5GiB, 8000MB, or 'device' (the device's free memory now; on the CPU, "
                    "the machine's available memory).")
-@click.option("--budgets", "spec", default=DEFAULT_BUDGETS, show_default=True,
+@click.option("--budgets", "spec", default="0.0,0.02,0.05,0.1,0.2,0.3,0.5,1.0", show_default=True,
               help="The activation_memory_budgets searched: 0.05,0.1 or START:STOP:STEP.")
 @click.option("--remat", "remat", type=click.Choice(["light", "all"]), multiple=True,
               help="The remat modes searched at every budget beside stock [default: light].")

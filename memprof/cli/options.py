@@ -11,20 +11,31 @@ from memprof.cli.args import split_command
 
 
 class Budget(click.ParamType):  # type: ignore[type-arg]  # generic only in click >= 8.2
-    """An activation_memory_budget: a number in [0, 1]."""
+    """An activation_memory_budget: a number in [0, 1] (a float), or a size with a unit (`24GB`,
+    `22.5GiB`: an int of bytes, the peak the step must fit under)."""
 
     name = "budget"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, float):
-            b = value
-        else:
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float | int:
+        if isinstance(value, float | int) and not isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        if text[-1:].isalpha():
+            from memprof.analysis.units import parse_size
+
             try:
-                b = float(value)
-            except ValueError:
-                self.fail(f"--budget must be a number in [0, 1], got {value!r}", param, ctx)
+                size = parse_size(text)
+            except ValueError as exc:
+                self.fail(f"--budget: {exc}", param, ctx)
+            if size <= 0:
+                self.fail(f"--budget {value}: a size must be more than 0 bytes", param, ctx)
+            return size
+        try:
+            b = float(text)
+        except ValueError:
+            self.fail(f"--budget must be a number in [0, 1] or a size (24GB), got {value!r}", param, ctx)
         if math.isnan(b) or not 0.0 <= b <= 1.0:
-            self.fail(f"--budget must be in [0, 1], got {value}", param, ctx)
+            self.fail(f"--budget must be in [0, 1] (or a size with a unit: 24GB), got {value}", param, ctx)
         return b
 
 

@@ -14,7 +14,9 @@ from memprof.cli.options import Budget, ScriptCommand, StepWindow
 @click.argument("script")
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--budget", type=Budget(), default=None,
-              help="torch._functorch.config.activation_memory_budget for every torch.compile in the script.")
+              help="torch._functorch.config.activation_memory_budget for every torch.compile in the script; "
+                   "a size (24GB, 22.5GiB) plans the budget and remat mode whose predicted peak fits under it, "
+                   "as memprof fit does (no training step), and runs with that.")
 @click.option("--remat", type=click.Choice(["off", "light", "all"]), default="off", show_default=True,
               help="memprof's rematerialization pass for every torch.compile in the script (see docs/remat.md).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
@@ -39,7 +41,7 @@ from memprof.cli.options import Budget, ScriptCommand, StepWindow
                    "their end).")
 @click.option("--exit-after", is_flag=True, help="End the script (exit code 0) once the --steps window is recorded.")
 @click.pass_context
-def trace(ctx: click.Context, script: str, script_args: tuple[str, ...], budget: float | None, remat: str,
+def trace(ctx: click.Context, script: str, script_args: tuple[str, ...], budget: float | int | None, remat: str,
           output: str | None, chrome: str | None, html: str | None, force: bool, max_events: int | None, scopes: str,
           no_kernel_scopes: bool, window: tuple[int, int] | None, keep_last: int | None, exit_after: bool) -> object:
     """Run SCRIPT as `python SCRIPT ARGS` would, capturing every allocation; exits as the script does.
@@ -81,5 +83,13 @@ def trace(ctx: click.Context, script: str, script_args: tuple[str, ...], budget:
     check_outputs({"-o": out, "--chrome": exports.get("chrome"), "--html": exports.get("html")}, [("script", path)],
                   force, hints={"-o": after.get("-o", after.get("--output", "")), "--chrome": after.get("--chrome", ""),
                                 "--html": after.get("--html", "")})
+    if isinstance(budget, int):  # a size: the plan that fits under it
+        if rank is not None:
+            raise MemprofError("--budget with a size plans in one process: run memprof fit first, then launch the "
+                               "ranks with the budget it chose")
+        from memprof.fit import plan
+
+        config = plan(script, list(script_args), budget, None if remat == "off" else remat)
+        budget, remat = config.budget, config.remat or "off"
     opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes, force=force, keep=keep, taken=taken)
     return traced(script, list(script_args), out, exports, opts, launch, exiting=ctx.obj is True).ending

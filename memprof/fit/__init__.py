@@ -11,13 +11,17 @@ runs. When none fits, the smallest one runs, and its capture says what would clo
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from memprof.analysis.labels import CATEGORIES
+from memprof.errors import MemprofError
 from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, smallest, suggestions
 
-__all__ = ["Candidate", "Config", "FitResult", "Measured", "device_limit", "fit"]
+__all__ = ["Candidate", "Config", "FitResult", "Measured", "device_limit", "fit", "plan"]
+
+DEFAULT_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 
 BATCH_SCALED = ("saved_activation", "recomputed", "temporary", "input", "rng_mask", "workspace")
 MAX_VERIFY = 3  # runs at most, when the preferred configurations' runs exceed the limit
@@ -134,3 +138,39 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     if runs:
         _gap_suggestions(result, out, min(runs, key=lambda m: m.peak))
     return result
+
+
+def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
+         budgets: Sequence[float] = DEFAULT_BUDGETS) -> Config:
+    """The configuration `trace --budget SIZE` runs: the preferred one predicted to fit under `limit`
+    (`remat`: search only that mode beside stock, else `light`), or the smallest when none is; said
+    in one line. The predictions go to a temporary directory."""
+    import tempfile
+
+    from memprof.analysis.units import fmt_bytes
+    from memprof.console import say
+    from memprof.fit.plan import fitting, smallest
+    from memprof.sweep.manifest import prepare_dir
+    from memprof.sweep.runner import run_sweep
+
+    with tempfile.TemporaryDirectory(prefix="memprof-plan-") as tmp:
+        out = Path(tmp) / "plan"
+        prepare_dir(out, False)
+        say(f"memprof: --budget {fmt_bytes(limit)}: predicting {len(budgets) * 2} configurations (no training step)")
+        sweep = run_sweep(script, args, budgets, ["stock", remat or "light"], out,
+                          jobs=min(4, os.cpu_count() or 1), predict=True)
+        candidates = _candidates(sweep)
+    chosen = next(iter(fitting(candidates, limit)), None)
+    if chosen is not None and chosen.peak is not None:
+        say(f"memprof: --budget {fmt_bytes(limit)} ({limit:,} B): {chosen.config.label}, predicted peak "
+            f"{fmt_bytes(chosen.peak)} ({chosen.peak:,} B)")
+        return chosen.config
+    best = smallest(candidates)
+    if best is None or best.peak is None:
+        errors = "; ".join(sorted({c.error for c in candidates if c.error}))[:300]
+        raise MemprofError(f"--budget {fmt_bytes(limit)}: no configuration could be predicted "
+                           f"({errors or 'no compiled graph'})")
+    say(f"memprof: warning: --budget {fmt_bytes(limit)}: nothing is predicted to fit; running the smallest, "
+        f"{best.config.label}, predicted {fmt_bytes(best.peak)} ({fmt_bytes(best.peak - limit)} over; memprof fit "
+        "says what would close the gap)")
+    return best.config

@@ -94,3 +94,15 @@ def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) ->
     line = one_line_error(invoke_memprof("fit", *args, SCRIPT, cwd=tmp_path))
     assert message in line
     assert not list(tmp_path.iterdir())
+
+
+def test_a_budget_in_bytes_plans_the_configuration_that_fits(tmp_path: Path) -> None:
+    from memprof.cli.options import Budget
+    from memprof.fit import plan
+
+    assert Budget().convert("24GB", None, None) == 24 * 10**9 and Budget().convert("0.1", None, None) == 0.1
+    assert Budget().convert("1.5GiB", None, None) == 3 * 2**29
+    # the bundled Llama: stock at 0 and 1 and light at 1 are predicted above 3.25 MB, light at 0 under it
+    assert plan(SCRIPT, ["--steps", "3"], 3_250_000, budgets=(0.0, 1.0)) == Config(0.0, "light")
+    for bad, words in (("0GB", "more than 0 bytes"), ("3parsecs", "unknown unit"), ("1.5", "in [0, 1]")):
+        assert words in one_line_error(invoke_memprof("trace", "--budget", bad, SCRIPT, cwd=tmp_path))
