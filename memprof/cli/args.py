@@ -16,7 +16,7 @@ The rule, as `memprof trace --help` states it:
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 _SCRIPTS_OWN = frozenset({"-h", "--help"})
@@ -40,10 +40,11 @@ def is_window(value: str) -> bool:
 
 
 def split_command(args: list[str], takes_value: Collection[str], flags: Collection[str],
-                  windows: Collection[str] = ("--steps",)) -> Split:
+                  windows: Collection[str] = ("--steps",), nargs: Mapping[str, int] | None = None) -> Split:
     """Split `args` (what follows the command's name) by the module's rule. `takes_value`: memprof's
-    option names that take a value; `flags`: those that take none; `windows`: options that are
-    memprof's after SCRIPT only with an A:B value."""
+    option names that take a value (`nargs`: those that take more than one, and how many); `flags`:
+    those that take none; `windows`: options that are memprof's after SCRIPT only with an A:B value."""
+    counts = nargs or {}
     at = 0
     while at < len(args):
         arg = args[at]
@@ -53,7 +54,7 @@ def split_command(args: list[str], takes_value: Collection[str], flags: Collecti
             return Split(args[:at], args[at + 1], list(args[at + 2:]))
         if arg == "-" or not arg.startswith("-"):
             break
-        at += 2 if arg in takes_value else 1
+        at += 1 + counts.get(arg, 1) if arg in takes_value else 1
     if at >= len(args):
         return Split(list(args), None)
     before, script = args[:at], args[at]
@@ -76,8 +77,9 @@ def split_command(args: list[str], takes_value: Collection[str], flags: Collecti
             if arg in windows and (following is None or not is_window(following)):
                 theirs.append(arg)
             else:
-                taken += [arg] if following is None else [arg, following]
-                i += 1
+                n = counts.get(arg, 1)
+                taken += [arg, *rest[i + 1:i + 1 + n]]
+                i += n
         elif eq and name.startswith("--") and name in takes_value and (name not in windows or is_window(value)):
             taken.append(arg)
         else:

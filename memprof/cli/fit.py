@@ -27,8 +27,12 @@ from memprof.cli.options import ScriptCommand
 @click.option("--force", is_flag=True, help="Replace an existing fit directory.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=None, help="Seconds one run may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--scale", nargs=2, default=None, metavar="ARG VALUES",
+              help='The largest value of a script argument that fits: ARG has {} where the value goes '
+                   '("--batch={}"), VALUES is A:B (doubling), A:B:STEP or a,b,c.')
 def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat: tuple[str, ...],
-        jobs: int | None, output: str | None, force: bool, timeout: float | None, as_json: bool) -> int:
+        jobs: int | None, output: str | None, force: bool, timeout: float | None, as_json: bool,
+        scale: tuple[str, str] | None) -> int:
     """Predict the peak of every configuration memprof can set (stock budgets, and its remat pass at
     each) with no training step, run the one that fits with the least recomputation, and print the
     certificate: the limit, the predicted and measured peak, the margin, the command and the lines
@@ -42,9 +46,10 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
 
     from memprof.analysis.units import parse_size
     from memprof.errors import MemprofError, printable
-    from memprof.fit import device_limit
+    from memprof.fit import device_limit, fit_scale
     from memprof.fit import fit as run_fit
-    from memprof.fit.report import fit_json, format_fit
+    from memprof.fit.report import fit_json, format_fit, format_scale, scale_json
+    from memprof.fit.scale import parse_scale
     from memprof.outputs import json_text, write_text
     from memprof.runner import check_script
     from memprof.sweep import parse_budgets, prepare_dir
@@ -60,12 +65,13 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
     if limit <= 0:
         raise MemprofError("--memory must be more than 0 bytes")
     budgets = parse_budgets(spec)
+    values = parse_scale(*scale) if scale else None
     path = check_script(script)
     out = Path(output) if output else Path(f"fit_{path.stem}")
     prepare_dir(out, force, path)
     modes = list(dict.fromkeys(remat)) or ["light"]
     jobs = jobs or min(4, os.cpu_count() or 1)
-    total = len(budgets) * (1 + len(modes))
+    total = len(budgets) * (1 + len(modes)) * (max(1, len(values).bit_length()) if values else 1)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("predicting", total=total)
@@ -76,9 +82,19 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
             else:
                 bar.update(task, description="verifying")
 
-        result = run_fit(script, list(script_args), limit, budgets, modes, out, jobs=jobs, timeout=timeout,
-                         progress=step)
+        if scale and values:
+            scaled = fit_scale(script, list(script_args), scale[0], values, limit, budgets, modes, out, jobs=jobs,
+                               timeout=timeout, progress=step)
+        else:
+            result = run_fit(script, list(script_args), limit, budgets, modes, out, jobs=jobs, timeout=timeout,
+                             progress=step)
     record_files(out, "fit.json")
+    if scale and values:
+        doc = scale_json(scaled)
+        write_text(out / "fit.json", json.dumps(doc, indent=1) + "\n")
+        click.echo(json_text(doc, indent=1) if as_json else printable(format_scale(scaled, [script, *script_args])))
+        click.echo(f"memprof: results in {out / 'fit.json'}", err=True)
+        return 0 if scaled.fits else 1
     doc = fit_json(result)
     write_text(out / "fit.json", json.dumps(doc, indent=1) + "\n")
     click.echo(json_text(doc, indent=1) if as_json else printable(format_fit(result)))

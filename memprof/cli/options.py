@@ -94,7 +94,8 @@ class ScriptCommand(click.Command):
         options = [p for p in self.params if isinstance(p, click.Option)]
         takes_value = {name for p in options if not p.is_flag for name in p.opts}
         flags = {name for p in options if p.is_flag for name in p.opts}
-        split = split_command(args, takes_value, flags)
+        nargs = {name: p.nargs for p in options if not p.is_flag and p.nargs > 1 for name in p.opts}
+        split = split_command(args, takes_value, flags, nargs=nargs)
         ctx.meta["taken"] = tuple(split.taken)
         if split.script is None:
             return super().parse_args(ctx, args)

@@ -18,8 +18,9 @@ from pathlib import Path
 from memprof.analysis.labels import CATEGORIES
 from memprof.errors import MemprofError
 from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, smallest, suggestions
+from memprof.fit.scale import ScaleResult, answer, bisect, scale_dir, with_value
 
-__all__ = ["Candidate", "Config", "FitResult", "Measured", "device_limit", "fit", "plan"]
+__all__ = ["Candidate", "Config", "FitResult", "Measured", "ScaleResult", "device_limit", "fit", "fit_scale", "plan"]
 
 DEFAULT_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 
@@ -43,6 +44,14 @@ def device_limit() -> tuple[int, str]:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024, "cpu"
     raise OSError("no /proc/meminfo MemAvailable line: give --memory as a size")
+
+
+def _device(out: Path) -> str:
+    """The device the predictions in `out` ran on."""
+    from memprof.sweep.result import load_sweep
+
+    runs = load_sweep(out / "search.json").runs
+    return next((r.measured.device for r in runs if r.measured is not None), "cpu")
 
 
 def _candidates(sweep: object) -> list[Candidate]:
@@ -111,16 +120,8 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     """Predict every configuration, verify the preferred one that fits (up to MAX_VERIFY runs), or,
     when none is predicted to, run the smallest and say what would close the gap. `out` must be
     ready (`memprof.sweep.prepare_dir`)."""
-    from memprof.sweep.manifest import record_files
-    from memprof.sweep.runner import run_sweep
-
-    search = run_sweep(script, args, budgets, ["stock", *modes], out, jobs=jobs, timeout=timeout,
-                       progress=progress, predict=True)
-    record_files(out, "search.json")
-    (out / "sweep.json").replace(out / "search.json")
-    candidates = _candidates(search)
-    device = next((r.measured.device for r in search.runs if r.measured is not None), "cpu")
-    result = FitResult(limit, device, candidates, command=[script, *args])
+    candidates = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
+    result = FitResult(limit, _device(out), candidates, command=[script, *args])
     for n, cand in enumerate(fitting(candidates, limit)[:MAX_VERIFY], start=1):
         measured, _why = _verify(script, args, cand.config, out, n, timeout, progress)
         if measured is None:
@@ -140,6 +141,40 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     return result
 
 
+def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str], out: Path,
+               jobs: int, timeout: float | None, progress: Callable[[object], None] | None) -> list[Candidate]:
+    """Every configuration predicted into `out` (its predictions kept as search.json)."""
+    from memprof.sweep.manifest import record_files
+    from memprof.sweep.runner import run_sweep
+
+    search = run_sweep(script, args, budgets, ["stock", *modes], out, jobs=jobs, timeout=timeout,
+                       progress=progress, predict=True)
+    record_files(out, "search.json")
+    (out / "sweep.json").replace(out / "search.json")
+    return _candidates(search)
+
+
+def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[int], limit: int,
+              budgets: Sequence[float], modes: Sequence[str], out: Path, jobs: int = 1, timeout: float | None = None,
+              progress: Callable[[object], None] | None = None) -> ScaleResult:
+    """The largest value of `template` (an argument with `{}`) whose best configuration is predicted
+    to fit, by bisection over `values` (`memprof.fit.scale`), then verified by one run."""
+    from memprof.sweep.manifest import prepare_dir
+
+    def predict(value: int) -> list[Candidate]:
+        sub = scale_dir(out, value)
+        prepare_dir(sub, True)
+        return _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs, timeout, progress)
+
+    result = ScaleResult(template, list(values), limit, bisect(values, predict, limit))
+    result.answer = answer(result.probes)
+    if result.answer is not None and result.answer.choice is not None:
+        v = result.answer.value
+        result.measured = _verify(script, with_value(args, template, v), result.answer.choice.config,
+                                  scale_dir(out, v), 1, timeout, progress)[0]
+    return result
+
+
 def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
          budgets: Sequence[float] = DEFAULT_BUDGETS) -> Config:
     """The configuration `trace --budget SIZE` runs: the preferred one predicted to fit under `limit`
@@ -149,17 +184,14 @@ def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
 
     from memprof.analysis.units import fmt_bytes
     from memprof.console import say
-    from memprof.fit.plan import fitting, smallest
     from memprof.sweep.manifest import prepare_dir
-    from memprof.sweep.runner import run_sweep
 
     with tempfile.TemporaryDirectory(prefix="memprof-plan-") as tmp:
         out = Path(tmp) / "plan"
         prepare_dir(out, False)
         say(f"memprof: --budget {fmt_bytes(limit)}: predicting {len(budgets) * 2} configurations (no training step)")
-        sweep = run_sweep(script, args, budgets, ["stock", remat or "light"], out,
-                          jobs=min(4, os.cpu_count() or 1), predict=True)
-        candidates = _candidates(sweep)
+        candidates = _predicted(script, args, budgets, [remat or "light"], out, min(4, os.cpu_count() or 1), None,
+                                None)
     chosen = next(iter(fitting(candidates, limit)), None)
     if chosen is not None and chosen.peak is not None:
         say(f"memprof: --budget {fmt_bytes(limit)} ({limit:,} B): {chosen.config.label}, predicted peak "

@@ -8,6 +8,7 @@ from typing import Any
 
 from memprof.analysis.units import fmt_bytes
 from memprof.fit.plan import Candidate, FitResult, Measured, smallest
+from memprof.fit.scale import Probe, ScaleResult
 
 
 def _share(n: int, limit: int) -> str:
@@ -96,3 +97,59 @@ def fit_json(r: FitResult) -> dict[str, Any]:
                       "within_limit": m.within(r.limit)} for m in r.verified],
         "suggestions": [{"what": s.what, "saves_bytes": s.saves} for s in r.suggestions],
     }
+
+
+def format_scale(r: ScaleResult, command: list[str]) -> str:
+    name = r.template.replace("{}", "N")
+    head = (f"memprof fit --scale: the largest {name} under {fmt_bytes(r.limit)} ({r.limit:,} B) for "
+            f"{shlex.join(command)}")
+    lines = [head]
+    for p in sorted(r.probes, key=lambda p: p.value):
+        if p.choice is not None and p.choice.peak is not None:
+            lines.append(f"  {p.value:>8}: fits at {p.choice.config.label}, predicted {fmt_bytes(p.choice.peak)}")
+        elif p.smallest is not None and p.smallest.peak is not None:
+            lines.append(f"  {p.value:>8}: does not fit, the smallest {fmt_bytes(p.smallest.peak)} "
+                         f"({p.smallest.config.label}, {fmt_bytes(p.smallest.peak - r.limit)} over)")
+        else:
+            lines.append(f"  {p.value:>8}: no prediction")
+    if r.answer is None or r.answer.choice is None:
+        lines.insert(0, f"DOES NOT FIT at any value of {name} probed (from {r.values[0]})")
+        return "\n".join(lines)
+    m, choice = r.measured, r.answer.choice
+    value = r.answer.value
+    if m is None:
+        lines.insert(0, f"NOT VERIFIED: {name.replace('N', str(value))} is predicted to fit, but its run failed")
+        return "\n".join(lines)
+    lines.insert(0, ("FITS" if m.within(r.limit) else "OVER THE LIMIT WHEN RUN") +
+                 f": {r.template.replace('{}', str(value))} at {choice.config.label}")
+    lines.append(f"  run at {value}:")
+    lines += ["  " + x for x in _proof(FitResult(r.limit, "", []), m, choice)]
+    higher = [v for v in r.values if v > value]
+    if higher:
+        lines.append(f"  the next value, {higher[0]}, " + ("was predicted over the limit" if any(
+            p.value == higher[0] for p in r.probes) else "lies above a value predicted over the limit"))
+    argv = [*choice.config.trace_options(), *command, *shlex.split(r.template.replace("{}", str(value)))]
+    lines.append(f"  run it:  memprof trace {shlex.join(argv)}")
+    return "\n".join(lines)
+
+
+def scale_json(r: ScaleResult) -> dict[str, Any]:
+    a, m = r.answer, r.measured
+    return {
+        "limit_bytes": r.limit, "template": r.template, "values": r.values,
+        "fits": r.fits, "value": a.value if a is not None else None,
+        "choice": ({"budget": a.choice.config.budget, "remat": a.choice.config.remat}
+                   if a is not None and a.choice is not None else None),
+        "predicted_peak_bytes": a.choice.peak if a is not None and a.choice is not None else None,
+        "measured_peak_bytes": m.peak if m is not None else None,
+        "measured_reserved_bytes": m.reserved_peak if m is not None else None,
+        "probes": [_probe(p) for p in sorted(r.probes, key=lambda p: p.value)],
+    }
+
+
+def _probe(p: Probe) -> dict[str, Any]:
+    shown = p.choice or p.smallest
+    return {"value": p.value, "fits": p.choice is not None,
+            "predicted_peak_bytes": shown.peak if shown is not None else None,
+            "budget": shown.config.budget if shown is not None else None,
+            "remat": shown.config.remat if shown is not None else None}

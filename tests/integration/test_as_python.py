@@ -48,6 +48,11 @@ def test_the_split_rule() -> None:
     assert (verbatim.script, verbatim.script_args, verbatim.taken) == ("s.py", ["x", "--budget", "1", "--", "y"], [])
     window = split_command(["s.py", "--steps", "3:5", "--steps=9", "--budget=0.2", "-h"], takes, flags)
     assert (window.script_args, window.taken) == (["--steps=9", "-h"], ["--steps", "3:5", "--budget=0.2"])
+    # an option of two values (fit's --scale ARG VALUES) takes both, whatever the first looks like
+    two = split_command(["--scale", "--batch={}", "8:64", "s.py", "--scale", "--seq={}", "1,2", "x"],
+                        {*takes, "--scale"}, flags, nargs={"--scale": 2})
+    assert (two.before, two.script, two.script_args, two.taken) == (
+        ["--scale", "--batch={}", "8:64"], "s.py", ["x"], ["--scale", "--seq={}", "1,2"])
 
 
 def test_the_script_gets_its_arguments_in_order_and_form(tmp_path: Path) -> None:
