@@ -62,6 +62,21 @@ def _driver() -> Any:
     return webdriver.Chrome(service=Service(driver_bin), options=opts)
 
 
+def _open(driver: Any, page: Path) -> float:
+    """Load the page, wait for its script to have drawn everything, check the console has no error;
+    the seconds it took."""
+    t0 = time.perf_counter()
+    driver.get(page.as_uri())
+    for _ in range(100):
+        if driver.execute_script("return document.body.dataset.ready") == "1":
+            break
+        time.sleep(0.05)
+    assert driver.execute_script("return document.body.dataset.ready") == "1", "the page's script did not finish"
+    errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+    assert not errors, errors
+    return time.perf_counter() - t0
+
+
 @pytest.mark.browser
 @pytest.mark.parametrize("fixture", ["gpt2_bf16_cpu.memprof", "tiny_compiled_cuda.memprof"])
 def test_the_page_in_a_browser(fixture: str, tmp_path: Path) -> None:
@@ -74,16 +89,7 @@ def test_the_page_in_a_browser(fixture: str, tmp_path: Path) -> None:
     _export(FIXTURES / fixture, page)
     driver = _driver()
     try:
-        t0 = time.perf_counter()
-        driver.get(page.as_uri())
-        for _ in range(100):
-            if driver.execute_script("return document.body.dataset.ready") == "1":
-                break
-            time.sleep(0.05)
-        assert driver.execute_script("return document.body.dataset.ready") == "1", "the page's script did not finish"
-        loaded = time.perf_counter() - t0
-        errors = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
-        assert not errors, errors
+        loaded = _open(driver, page)
         # the peak, to the byte, as the capture has it; the main device first
         assert int(driver.find_element(By.ID, f"peak-{device}").get_attribute("data-bytes")) == cap.peak(device)
         label = driver.find_element(By.ID, "at-label")
@@ -125,12 +131,7 @@ def test_a_distributed_runs_page_has_a_tab_per_rank(tmp_path: Path) -> None:
     page = write("html", Run("run.memprof", caps, 2), tmp_path / "run.html")
     driver = _driver()
     try:
-        driver.get(page.as_uri())
-        for _ in range(100):
-            if driver.execute_script("return document.body.dataset.ready") == "1":
-                break
-            time.sleep(0.05)
-        assert not [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        _open(driver, page)
         tabs = [b.text for b in driver.find_elements(By.CSS_SELECTOR, "#tabs button")]
         assert tabs == ["rank 0: cpu", "rank 1: cpu"]
         for r, cap in caps.items():  # each rank's peak to the byte
