@@ -46,13 +46,13 @@ def window(cap: Capture, steps: tuple[int, int] | None) -> Window:
     raw = cap.raw
     t0 = cap.info.t_start_ns or (int(raw["t_ns"].min()) if len(raw) else 0)
     if steps is None:
-        return Window(t0, -(1 << 62), 1 << 62)
+        return Window(t0, 0, len(raw), t0)
     have = {s.step: s for s in cap.steps()} if len(raw) else {}
     a, b = steps
     if a not in have or b not in have:
         span = f"steps {min(have)} to {max(have)}" if have else "no steps"
         raise MemprofError(f"--steps {a}:{b}: this capture has {span}")
-    return Window(t0, have[a].t_start_ns, have[b].t_end_ns, steps)
+    return Window(t0, have[a].start_row, have[b].end_row, have[a].t_start_ns, steps)
 
 
 def _capture_events(cap: Capture, o: ChromeOptions, pid0: int, shift_us: float, label: str = ""

@@ -40,11 +40,13 @@ class Block:
 
 @dataclass(frozen=True)
 class Window:
-    """The part of a capture a trace holds: all of it, or the steps `steps` (event times in ns)."""
+    """The part of a capture a trace holds: all of it, or the steps `steps`: the event rows from
+    `lo_row` to `hi_row` (the last step's marker), starting at time `lo_ns`."""
 
     t0_ns: int  # time zero of the trace
+    lo_row: int
+    hi_row: int
     lo_ns: int
-    hi_ns: int
     steps: tuple[int, int] | None = None
 
 
@@ -108,7 +110,7 @@ def slice_block(cap: Capture, table: SliceTable, pid: int, win: Window, shift_us
     cats = [scope_category(n) for n in names]
     head = [f'"name":{json.dumps(n)},"cat":"{c}"' for n, c in zip(names, cats, strict=True)]
     nodes = kernel_nodes(cap, table)
-    keep = (table.t_end_ns >= win.lo_ns) & (table.t_begin_ns <= win.hi_ns)
+    keep = (table.end_row >= win.lo_row) & (table.begin_row <= win.hi_row)
     if which == "graphs":
         graphish = np.asarray([c in ("compiled_graph", "kernel") for c in cats])[table.scope]
         inside = np.zeros(len(table), bool)
@@ -180,11 +182,15 @@ def kernel_nodes(cap: Capture, table: SliceTable) -> dict[int, tuple[str, str]]:
 
 
 # -------------------------------------------------------------------------------------- counters
-def _window_points(t_ns: np.ndarray, values: np.ndarray, win: Window, max_points: int) -> tuple[np.ndarray, int]:
+def _span(rows: np.ndarray, win: Window) -> tuple[int, int]:
+    """The positions of a series (its event `rows`) inside the window."""
+    return int(np.searchsorted(rows, win.lo_row, side="left")), int(np.searchsorted(rows, win.hi_row, side="right"))
+
+
+def _window_points(rows: np.ndarray, values: np.ndarray, win: Window, max_points: int) -> tuple[np.ndarray, int]:
     """Indices of the points kept in the window (downsampled: each bucket's lowest and highest), and
     the index of the point before the window (-1: none; its value opens the window)."""
-    lo = int(np.searchsorted(t_ns, win.lo_ns, side="left"))
-    hi = int(np.searchsorted(t_ns, win.hi_ns, side="right"))
+    lo, hi = _span(rows, win)
     return lo + downsample(values[lo:hi], max_points), lo - 1
 
 
@@ -194,7 +200,7 @@ def counter_blocks(cap: Capture, dev: str, pid: int, win: Window, shift_us: floa
     tl = cap.timeline(dev)
     start = 0.0 if win.steps is None else float(_us(np.asarray([win.lo_ns]), win.t0_ns, 0.0)[0])
     t_open = round(max(start, 0.0) + shift_us, 3)
-    keep, before = _window_points(tl.t_ns, tl.allocated, win, max_points)
+    keep, before = _window_points(tl.rows, tl.allocated, win, max_points)
     blocks = [_counter_block(pid, "allocated", ["bytes"], t_open, tl.allocated_at_pos(before),
                              _us(tl.t_ns[keep], win.t0_ns, shift_us), tl.allocated[keep][:, None])]
     labels = cap.labels(dev)
@@ -204,7 +210,7 @@ def counter_blocks(cap: Capture, dev: str, pid: int, win: Window, shift_us: floa
     blocks.append(_counter_block(pid, "by category", [CATEGORIES[c] for c in present], t_open, opening[present],
                                  _us(tl.t_ns[keep], win.t0_ns, shift_us), series[:, present]))
     if tl.has_reserved:
-        rkeep, rbefore = _window_points(tl.reserved_t_ns, tl.reserved, win, max_points)
+        rkeep, rbefore = _window_points(tl.reserved_rows, tl.reserved, win, max_points)
         ropen = tl.reserved_baseline if rbefore < 0 else int(tl.reserved[rbefore])
         blocks.append(_counter_block(pid, "reserved", ["bytes"], t_open, ropen,
                                      _us(tl.reserved_t_ns[rkeep], win.t0_ns, shift_us), tl.reserved[rkeep][:, None]))
@@ -237,8 +243,7 @@ def mark_block(cap: Capture, dev: str, pid: int, win: Window, shift_us: float) -
     def at(t_ns: int) -> float:
         return round(max(float(_us(np.asarray([t_ns]), win.t0_ns, 0.0)[0]), 0.0) + shift_us, 3)
 
-    lo = int(np.searchsorted(tl.t_ns, win.lo_ns, side="left"))
-    hi = int(np.searchsorted(tl.t_ns, win.hi_ns, side="right"))
+    lo, hi = _span(tl.rows, win)
     pos = tl.peak_pos if win.steps is None else (lo + int(np.argmax(tl.allocated[lo:hi])) if hi > lo else -1)
     if pos >= 0:
         row, value = int(tl.rows[pos]), int(tl.allocated[pos])
@@ -252,10 +257,10 @@ def mark_block(cap: Capture, dev: str, pid: int, win: Window, shift_us: float) -
                               "stack": " > ".join(stack)}})
         ts.append(objs[-1]["ts"])
     for r in np.flatnonzero(raw["kind"] == Kind.STEP).tolist():
-        t = int(raw["t_ns"][r])
-        if win.lo_ns < t <= win.hi_ns or (win.steps is None and t == win.lo_ns):  # (a step's end, not its start)
+        if win.lo_row <= r <= win.hi_row:  # (the marker before the first step is its start, not a step)
             objs.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"step {int(raw['bytes'][r])}",
-                         "cat": "step", "ts": at(t), "args": {"allocated": tl.allocated_before_row(r + 1)}})
+                         "cat": "step", "ts": at(int(raw["t_ns"][r])),
+                         "args": {"allocated": tl.allocated_before_row(r + 1)}})
             ts.append(objs[-1]["ts"])
     return _json_objects(objs, ts)
 
@@ -264,9 +269,9 @@ def oom_block(cap: Capture, pid_of: Callable[[str], int], win: Window, shift_us:
     raw = cap.raw
     objs: list[dict[str, Any]] = []
     for r in np.flatnonzero(raw["kind"] == Kind.OOM).tolist():
-        t = int(raw["t_ns"][r])
-        if not win.lo_ns <= t <= win.hi_ns:
+        if not win.lo_row <= r <= win.hi_row:
             continue
+        t = int(raw["t_ns"][r])
         dev = device_name(int(raw["device_type"][r]), int(raw["device_index"][r]))
         ts = round(max(float(_us(np.asarray([t]), win.t0_ns, 0.0)[0]), 0.0) + shift_us, 3)
         objs.append({"ph": "i", "s": "p", "pid": pid_of(dev), "tid": 0, "name": "OUT OF MEMORY", "cat": "oom",
