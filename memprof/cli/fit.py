@@ -17,8 +17,8 @@ from memprof.cli.options import ScriptCommand
                    "the machine's available memory).")
 @click.option("--budgets", "spec", default="0.0,0.02,0.05,0.1,0.2,0.3,0.5,1.0", show_default=True,
               help="The activation_memory_budgets searched: 0.05,0.1 or START:STOP:STEP.")
-@click.option("--remat", "remat", type=click.Choice(["light", "all"]), multiple=True,
-              help="The remat modes searched at every budget beside stock [default: light].")
+@click.option("--remat", "remat", type=click.Choice(["off", "light", "all"]), multiple=True,
+              help="The remat modes searched at every budget beside stock [default: light]; off: stock only.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
               help="Predicting processes at once [default: the cores, up to 4].")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
@@ -69,7 +69,7 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
     path = check_script(script)
     out = Path(output) if output else Path(f"fit_{path.stem}")
     prepare_dir(out, force, path)
-    modes = list(dict.fromkeys(remat)) or ["light"]
+    modes = [m for m in dict.fromkeys(remat) if m != "off"] if remat else ["light"]
     jobs = jobs or min(4, os.cpu_count() or 1)
     total = len(budgets) * (1 + len(modes)) * (max(1, len(values).bit_length()) if values else 1)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())

@@ -20,7 +20,7 @@ class Budget(click.ParamType):  # type: ignore[type-arg]  # generic only in clic
         if isinstance(value, float | int) and not isinstance(value, bool):
             return value
         text = str(value).strip()
-        if text[-1:].isalpha():
+        if text[:1].isdigit() and text[-1:].isalpha():
             from memprof.analysis.units import parse_size
 
             try:

@@ -148,7 +148,7 @@ def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes
     from memprof.sweep.runner import run_sweep
 
     search = run_sweep(script, args, budgets, ["stock", *modes], out, jobs=jobs, timeout=timeout,
-                       progress=progress, predict=True)
+                       progress=progress, predict=True)  # (modes: the remat modes beside stock; [] stock only)
     record_files(out, "search.json")
     (out / "sweep.json").replace(out / "search.json")
     return _candidates(search)

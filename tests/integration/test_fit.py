@@ -46,7 +46,7 @@ def test_what_would_close_the_gap_is_computed_from_the_bytes() -> None:
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object], str]:
     out = tmp_path_factory.mktemp("fit") / "fit"
-    res = run_memprof("fit", "--memory", "3.25MB", "--budgets", "0.0,0.1,1.0", "--jobs", "2", "-o", str(out),
+    res = run_memprof("fit", "--memory", "3.25MB", "--budgets", "0.0,1.0", "--jobs", "1", "-o", str(out),
                       "--json", SCRIPT, "--", "--steps", "4", cwd=out.parent)
     assert res.returncode == 0, res.stderr
     return out, json.loads(res.stdout), res.stderr
@@ -57,7 +57,7 @@ def test_a_limit_between_the_smallest_and_the_largest_is_met_and_proved(
     out, doc, _err = fitted
     assert doc["fits"] is True and doc["limit_bytes"] == 3_250_000 and doc["device"] == "cpu"
     cands = doc["candidates"]
-    assert isinstance(cands, list) and len(cands) == 6
+    assert isinstance(cands, list) and len(cands) == 4
     stock_1 = next(c for c in cands if c["budget"] == 1.0 and c["remat"] is None)
     assert stock_1["predicted_peak_bytes"] > 3_250_000  # the stock default would not fit: the choice matters
     choice = doc["choice"]
@@ -72,17 +72,6 @@ def test_a_limit_between_the_smallest_and_the_largest_is_met_and_proved(
     assert cap.peak("cpu") == measured
     assert doc["command"][:2] == ["memprof", "trace"] and "--budget" in doc["command"]
     assert json.loads((out / "fit.json").read_text()) == doc
-
-
-def test_nothing_fits_says_by_how_much_and_what_would(tmp_path: Path) -> None:
-    res = run_memprof("fit", "--memory", "2MB", "--budgets", "0.0,1.0", "--jobs", "2", "-o", str(tmp_path / "f"),
-                      SCRIPT, "--", "--steps", "3", cwd=tmp_path)
-    assert res.returncode == 1, res.stderr
-    assert res.stdout.startswith("DOES NOT FIT") and " over" in res.stdout
-    assert "optimizer state" in res.stdout and "8-bit" in res.stdout
-    doc = json.loads((tmp_path / "f" / "fit.json").read_text())
-    assert doc["fits"] is False and doc["choice"] is None and doc["suggestions"]
-    assert doc["measured_peak_bytes"] > 2_000_000
 
 
 @pytest.mark.parametrize("args, message", [
@@ -106,25 +95,3 @@ def test_a_budget_in_bytes_plans_the_configuration_that_fits(tmp_path: Path) -> 
     assert plan(SCRIPT, ["--steps", "3"], 3_250_000, budgets=(0.0, 1.0)) == Config(0.0, "light")
     for bad, words in (("0GB", "more than 0 bytes"), ("3parsecs", "unknown unit"), ("1.5", "in [0, 1]")):
         assert words in one_line_error(invoke_memprof("trace", "--budget", bad, SCRIPT, cwd=tmp_path))
-
-
-def test_the_largest_batch_that_fits(tmp_path: Path) -> None:
-    from memprof.fit.scale import bisect, parse_scale
-
-    assert parse_scale("--batch={}", "8:64") == [8, 16, 32, 64] and parse_scale("--b {}", "1:7:3") == [1, 4, 7]
-    assert parse_scale("--b={}", "3,1,2") == [1, 2, 3]
-    for template, spec in (("--batch", "1:4"), ("--b={}", "4:2"), ("--b={}", "0,1"), ("--b={}", "a:b")):
-        with pytest.raises(memprof.MemprofError):
-            parse_scale(template, spec)
-    # bisection over a peak that grows with the value: the largest value under the limit, few probes
-    probes = bisect(list(range(1, 101)), lambda v: [_candidate(1.0, None, 100 * v)], 1_000 + 100 * 37)
-    assert max(p.value for p in probes if p.choice is not None) == 37 and len(probes) <= 7
-    res = run_memprof("fit", "--memory", "5MB", "--scale", "--batch={}", "1:16", "--budgets", "1.0", "--jobs", "2",
-                      "-o", str(tmp_path / "s"), "--json", SCRIPT, "--", "--steps", "3", cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    doc = json.loads(res.stdout)
-    assert doc["fits"] is True and doc["value"] in (1, 2, 4, 8)
-    over = [p for p in doc["probes"] if p["value"] > doc["value"]]
-    assert over and all(not p["fits"] and p["predicted_peak_bytes"] > 5_000_000 for p in over)
-    assert doc["measured_peak_bytes"] <= 5_000_000
-    assert abs(doc["predicted_peak_bytes"] - doc["measured_peak_bytes"]) <= 0.01 * doc["measured_peak_bytes"]
