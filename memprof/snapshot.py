@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from memprof._events import EVENT_DTYPE, Kind, parse_device
+from memprof.analysis.caching_allocator import round_size
 from memprof.analysis.labels import CATEGORIES
 from memprof.capture_info import MAX_BLOCK_BYTES, MAX_TIME_NS
 from memprof.errors import CaptureFileError, MemprofError
@@ -28,6 +29,11 @@ DEFAULT_MAX_BYTES = 512 * 10**6  # a snapshot's pickle takes about 10x its size 
 _MAX_ENV = "MEMPROF_MAX_SNAPSHOT_MB"
 # torch.profiler's memory categories (as `_profile_to_snapshot` writes them) in memprof's terms
 _TORCH_CATEGORIES = {"activation": "saved_activation", "autograd_detail": "temporary"}
+# the caching allocator hands a whole free block to a request when splitting it would leave less than
+# 1 MiB (large blocks): the trace holds only the request, so those count as their rounded request
+CUDA = parse_device("cuda:0")[0]
+UNSPLIT_NOTE = ("the allocator handed out some blocks whole (larger than their rounded request; the segments "
+                "show them at the end): the trace holds requests, so its peak can be below max_memory_allocated")
 KEY = "memprof"  # memprof's own top-level entry: which device each trace is (the viewer ignores it)
 
 
@@ -181,6 +187,11 @@ def to_parts(data: dict[str, Any], path: Path) -> Parts:
         alive: dict[int, int] = {}
         before: dict[int, int] = {}
         seg_delta = 0
+        # a CUDA caching allocator's snapshot (its segments say their type; torch.profiler's
+        # `_profile_to_snapshot` makes one plain segment): its entries hold requests, its blocks are
+        # rounded up to 512-byte granules (what memory_allocated and max_memory_allocated count)
+        rounded = dtype == CUDA and any("segment_type" in seg for seg in data["segments"]
+                                        if isinstance(seg, dict) and seg.get("device", 0) == index)
         for e in trace:
             action = _ACTIONS.get(e["action"])
             if action is None:
@@ -195,18 +206,26 @@ def to_parts(data: dict[str, Any], path: Path) -> Parts:
             if kind == Kind.OOM:
                 rows.append((t_last, size, 0, int(e.get("stream", 0)), addr, string_id[where], kind, dtype, dindex))
                 continue
+            requested = size
             if kind == Kind.ALLOC:
+                size = round_size(size) if rounded else size
                 alive[addr] = size
                 known.extend(_known(e, t_last, device, addr, size, where))
             elif kind == Kind.FREE:
-                if alive.pop(addr, None) is None:
+                freed = alive.pop(addr, None)
+                size = freed if freed is not None else (round_size(size) if rounded else size)
+                if freed is None:
                     before[addr] = size  # allocated before the trace began
                     known.extend(_known(e, 0, device, addr, size, where))
             else:
                 seg_delta += sign * size
-            rows.append((t_last, sign * size, addr, int(e.get("stream", 0)), size if kind == Kind.ALLOC else -1,
+            rows.append((t_last, sign * size, addr, int(e.get("stream", 0)), requested if kind == Kind.ALLOC else -1,
                          string_id[where], kind, dtype, dindex))
         end_blocks, reserved_end = _segment_state(data["segments"], index)
+        whole = [b for _a, size, b in end_blocks
+                 if rounded and size > round_size(int(b.get("requested_size") or size))]
+        if whole and UNSPLIT_NOTE not in meta["notes"]:
+            meta["notes"].append(UNSPLIT_NOTE)
         for addr, size, block in end_blocks:
             if addr not in alive and addr not in before:
                 before[addr] = size  # live through the whole trace

@@ -25,7 +25,7 @@ caching allocator hands whole blocks to some requests there, so the tests of its
 `--snapshot` is not memprof's: it is what a user brings, `torch.cuda.memory._dump_snapshot` of the
 same MLP's three steps with the allocator's history on from before the model was made (Python
 stacks only, to keep the file small), and beside it what PyTorch reported (`max_memory_allocated`,
-`memory_allocated` at the end) for the tests of reading a real snapshot (tests/unit/test_snapshot_real.py).
+`memory_allocated` at the end) for the tests of reading a real snapshot (tests/integration/test_snapshot.py).
 """
 
 from __future__ import annotations

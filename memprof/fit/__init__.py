@@ -132,9 +132,13 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
             return result
     best = smallest(candidates)
     if best is not None and not any(m.config == best.config for m in result.verified):
+        # (predicted over, or the preferred ones' runs were: the smallest's own run decides)
         measured, _why = _verify(script, args, best.config, out, len(result.verified) + 1, timeout, progress)
         if measured is not None:
             result.verified.append(measured)
+            if measured.within(limit):
+                result.choice = measured
+                return result
     runs = [m for m in result.verified if m.config == (best.config if best else None)] or result.verified
     if runs:
         _gap_suggestions(result, out, min(runs, key=lambda m: m.peak))

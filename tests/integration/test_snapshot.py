@@ -137,3 +137,28 @@ def test_bad_and_oversized_snapshots_are_one_line(tmp_path: Path) -> None:
     assert "--max-counter-points does not apply to --format snapshot" in one_line_error(invoke_memprof(
         "export", str(FIXTURES / "tiny_compiled.memprof"), "--format", "snapshot", "-o", str(tmp_path / "o.pickle"),
         "--max-counter-points", "100", cwd=tmp_path))
+
+
+def test_a_real_dump_snapshot_reads_to_the_allocators_bytes(tmp_path: Path) -> None:
+    """`torch.cuda.memory._dump_snapshot` of a compiled MLP's three AdamW steps on the H200
+    (tools/make_fixtures.py --snapshot), history on from before the model was made: its entries hold
+    requests, and read as the allocator's 512-byte blocks they give what PyTorch reported."""
+    import json
+
+    path = FIXTURES / "tiny_snapshot_cuda.pickle"
+    expected = json.loads(path.with_suffix(".json").read_text())
+    assert path.read_bytes()[:2] in (b"\x80\x04", b"\x80\x05") and path.stat().st_size < 1_000_000
+    cap = memprof.load(path)
+    assert cap.devices == ["cuda:0"] and cap.exact
+    tl = cap.timeline("cuda:0")
+    assert cap.peak("cuda:0") == expected["max_memory_allocated"]
+    assert tl.final == expected["memory_allocated"]
+    assert sum(r.bytes for r in cap.attribution(device="cuda:0")) == cap.peak("cuda:0")
+    res = invoke_memprof("report", str(path), "--json", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["devices"][0]["peak_bytes"] == expected["max_memory_allocated"]
+    # and back out as memprof's own snapshot: the same peak
+    out = tmp_path / "again.pickle"
+    assert invoke_memprof("export", str(path), "--format", "snapshot", "-o", str(out), cwd=tmp_path).returncode == 0
+    assert memprof.load(out).peak("cuda:0") == expected["max_memory_allocated"]
