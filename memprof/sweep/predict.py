@@ -43,6 +43,7 @@ from memprof.torch_hooks.predict import (
     EagerRun,
     LazyKernel,
     allocator_segments,
+    cublas_workspace_bytes,
     eager_runs,
     lazy_kernels,
     optimizer_state_bytes,
@@ -110,7 +111,8 @@ class _Book:
     segments: tuple[int, list[dict[str, Any]]] | None = None
     optimizer_state: tuple[list[int], list[str]] | None = None
     # what a step starts from: the bytes allocated when the first compiled graph ran (on the device
-    # the parameters live on), and those the optimizers' first step adds for their state
+    # the parameters live on), and those added before the next step: the optimizers' first-step
+    # state and, on CUDA, the cuBLAS workspaces the first matrix multiply makes
     resident: tuple[str, int] | None = None
     state_bytes: int = 0
 
@@ -124,7 +126,9 @@ class _Book:
         if self.segments is not None and self.segments[0] >= 0:
             self.optimizer_state = optimizer_state_requests(self.segments[0])
         if self.resident is not None:
-            self.state_bytes = optimizer_state_bytes(self.resident[0])
+            # the forward has run: the matrix multiplies' workspaces exist now, and stay for every step
+            workspaces = cublas_workspace_bytes() if self.resident[0] == "cuda" else 0
+            self.state_bytes = optimizer_state_bytes(self.resident[0]) + workspaces
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:

@@ -293,12 +293,31 @@ def resident_bytes() -> tuple[str, int]:
 
 def optimizer_state_bytes(device_type: str) -> int:
     """What the first step of each live optimizer allocates on `device_type` for its state, as
-    `optimizer_state_requests` counts it (optimizers it does not know count nothing)."""
+    `optimizer_state_requests` counts it (optimizers it does not know count nothing), in the CUDA
+    caching allocator's 512-byte blocks there."""
     import torch
 
+    from memprof.analysis.caching_allocator import round_size
+
     if device_type == "cuda":
-        return sum(optimizer_state_requests(torch.cuda.current_device())[0]) if torch.cuda.is_initialized() else 0  # type: ignore[no-untyped-call]
+        if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+            return 0
+        return sum(round_size(r) for r in optimizer_state_requests(torch.cuda.current_device())[0])
     return sum(_state_requests(lambda p: p.device.type == "cpu")[0])
+
+
+def cublas_workspace_bytes() -> int:
+    """Bytes the cuBLAS and cuBLASLt workspaces hold in the caching allocator: made at a process's
+    first matrix multiply on a stream and kept, so every step after the first starts with them.
+    Measured by giving them back (torch makes them again at the next multiply); 0 off CUDA."""
+    import torch
+
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is None or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return 0
+    before = int(torch.cuda.memory_allocated())
+    clear()
+    return max(0, before - int(torch.cuda.memory_allocated()))
 
 
 def optimizer_state_requests(device: int) -> tuple[list[int], list[str]]:
