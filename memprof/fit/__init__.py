@@ -14,11 +14,15 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from memprof.analysis.labels import CATEGORIES
 from memprof.errors import MemprofError
 from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, smallest, suggestions
 from memprof.fit.scale import ScaleResult, answer, bisect, scale_dir, with_value
+
+if TYPE_CHECKING:
+    from memprof.sweep.result import Sweep
 
 __all__ = ["Candidate", "Config", "FitResult", "Measured", "ScaleResult", "device_limit", "fit", "fit_scale", "plan"]
 
@@ -54,10 +58,9 @@ def _device(out: Path) -> str:
     return next((r.measured.device for r in runs if r.measured is not None), "cpu")
 
 
-def _candidates(sweep: object) -> list[Candidate]:
-    from memprof.sweep.result import Sweep, run_value
+def _candidates(sweep: Sweep) -> list[Candidate]:
+    from memprof.sweep.result import run_value
 
-    assert isinstance(sweep, Sweep)
     out = []
     for run in sweep.runs:
         m = run.measured
@@ -71,8 +74,9 @@ def _candidates(sweep: object) -> list[Candidate]:
 
 
 def _verify(script: str, args: Sequence[str], config: Config, out: Path, n: int, timeout: float | None,
-            progress: Callable[[object], None] | None) -> tuple[Measured | None, str | None]:
-    """One real run of `config` (a measured sweep of one budget); the run's figures, or why it has none."""
+            progress: Callable[[object], None] | None) -> Measured | str:
+    """One real run of `config` (a measured sweep of one budget, kept as verify-N.json): its figures,
+    or why it has none."""
     from memprof.capture import load
     from memprof.sweep.manifest import record_files
     from memprof.sweep.runner import run_sweep
@@ -83,14 +87,14 @@ def _verify(script: str, args: Sequence[str], config: Config, out: Path, n: int,
     (out / "sweep.json").replace(out / f"verify-{n}.json")
     run = sweep.runs[0]
     if run.measured is None or run.capture is None:
-        return None, run.error or run.status
+        return f"{config.label}: {run.error or run.status}"
     cap = load(out / run.capture)
     dev = run.measured.device
     tl = cap.timeline(dev)
     m = run.measured
     return Measured(config, cap.peak(dev, lower_bound=True), tl.reserved_peak if tl.has_reserved else None,
-                    m.step_peak, m.resident, m.step_ms, run.capture, cap.exact), \
-        (None if run.ok else run.error or run.status)
+                    m.step_peak, m.resident, m.step_ms, run.capture, cap.exact,
+                    None if run.ok else (run.error or run.status))
 
 
 def _gap_suggestions(result: FitResult, out: Path, measured: Measured) -> None:
@@ -122,23 +126,26 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     ready (`memprof.sweep.prepare_dir`)."""
     candidates = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
     result = FitResult(limit, _device(out), candidates, command=[script, *args])
-    for n, cand in enumerate(fitting(candidates, limit)[:MAX_VERIFY], start=1):
-        measured, _why = _verify(script, args, cand.config, out, n, timeout, progress)
-        if measured is None:
-            continue
+
+    def run(config: Config) -> bool:
+        """Verify `config`; whether its run stayed under the limit (then it is the choice)."""
+        measured = _verify(script, args, config, out, len(result.verified) + len(result.failed) + 1, timeout,
+                           progress)
+        if isinstance(measured, str):
+            result.failed.append(measured)
+            return False
         result.verified.append(measured)
         if measured.within(limit):
             result.choice = measured
+        return result.choice is not None
+
+    for cand in fitting(candidates, limit)[:MAX_VERIFY]:
+        if run(cand.config):
             return result
     best = smallest(candidates)
-    if best is not None and not any(m.config == best.config for m in result.verified):
-        # (predicted over, or the preferred ones' runs were: the smallest's own run decides)
-        measured, _why = _verify(script, args, best.config, out, len(result.verified) + 1, timeout, progress)
-        if measured is not None:
-            result.verified.append(measured)
-            if measured.within(limit):
-                result.choice = measured
-                return result
+    # (predicted over, or the preferred ones' runs were: the smallest's own run decides)
+    if best is not None and not any(m.config == best.config for m in result.verified) and run(best.config):
+        return result
     runs = [m for m in result.verified if m.config == (best.config if best else None)] or result.verified
     if runs:
         _gap_suggestions(result, out, min(runs, key=lambda m: m.peak))
@@ -174,8 +181,10 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
     result.answer = answer(result.probes)
     if result.answer is not None and result.answer.choice is not None:
         v = result.answer.value
-        result.measured = _verify(script, with_value(args, template, v), result.answer.choice.config,
-                                  scale_dir(out, v), 1, timeout, progress)[0]
+        measured = _verify(script, with_value(args, template, v), result.answer.choice.config, scale_dir(out, v), 1,
+                           timeout, progress)
+        result.measured = None if isinstance(measured, str) else measured
+        result.failed = [measured] if isinstance(measured, str) else []
     return result
 
 

@@ -80,11 +80,12 @@ class Measured:
     step_ms: float | None
     capture: str
     exact: bool = True
+    error: str | None = None  # the run did not end well (out of memory, an exception): never within
 
     def within(self, limit: int) -> bool:
-        """Whether the run stayed under the limit: its reserved bytes on CUDA (what the device gives
-        out), its allocated bytes on the CPU."""
-        return max(self.peak, self.reserved_peak or 0) <= limit
+        """Whether the run ended well and stayed under the limit: its reserved bytes on CUDA (what
+        the device gives out), its allocated bytes on the CPU."""
+        return self.error is None and self.exact and max(self.peak, self.reserved_peak or 0) <= limit
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ class FitResult:
     device: str
     candidates: list[Candidate]
     verified: list[Measured] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # verifying runs that left no figures, and why
     choice: Measured | None = None  # the preferred configuration whose run stayed under the limit
     suggestions: list[Suggestion] = field(default_factory=list)
     command: list[str] = field(default_factory=list)  # the script and its arguments

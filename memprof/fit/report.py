@@ -29,6 +29,8 @@ def _proof(r: FitResult, m: Measured, cand: Candidate | None) -> list[str]:
     top = max(m.peak, m.reserved_peak or 0)
     word = "margin" if top <= r.limit else "over the limit by"
     lines.append(f"  {word} {fmt_bytes(abs(r.limit - top))} ({_share(abs(r.limit - top), r.limit)} of the limit)")
+    if m.error:
+        lines.append(f"  the run did not end well: {m.error}")
     return lines
 
 
@@ -38,6 +40,7 @@ def format_fit(r: FitResult) -> str:
     lines = [f"memprof fit: {shlex.join(r.command)} under {limit}",
              f"  {len(predicted)} of {len(r.candidates)} configurations predicted, "
              f"{len(r.verified)} run to verify"]
+    lines += [f"  a verifying run left no figures: {why}" for why in r.failed]
     failed = [c for c in r.candidates if c.error]
     if failed:
         lines.append(f"  {len(failed)} could not be predicted: "
@@ -94,8 +97,9 @@ def fit_json(r: FitResult) -> dict[str, Any]:
                         "random_ops_saved": c.random_ops_saved, "error": c.error} for c in r.candidates],
         "verified": [{"budget": m.config.budget, "remat": m.config.remat, "peak_bytes": m.peak,
                       "reserved_peak_bytes": m.reserved_peak, "step_ms": m.step_ms, "capture": m.capture,
-                      "within_limit": m.within(r.limit)} for m in r.verified],
+                      "within_limit": m.within(r.limit), "error": m.error} for m in r.verified],
         "suggestions": [{"what": s.what, "saves_bytes": s.saves} for s in r.suggestions],
+        "failed_runs": r.failed,
     }
 
 
@@ -118,7 +122,8 @@ def format_scale(r: ScaleResult, command: list[str]) -> str:
     m, choice = r.measured, r.answer.choice
     value = r.answer.value
     if m is None:
-        lines.insert(0, f"NOT VERIFIED: {name.replace('N', str(value))} is predicted to fit, but its run failed")
+        lines.insert(0, f"NOT VERIFIED: {name.replace('N', str(value))} is predicted to fit, but its run failed: "
+                     + "; ".join(r.failed))
         return "\n".join(lines)
     lines.insert(0, ("FITS" if m.within(r.limit) else "OVER THE LIMIT WHEN RUN") +
                  f": {r.template.replace('{}', str(value))} at {choice.config.label}")

@@ -73,6 +73,7 @@ class ScaleResult:
     probes: list[Probe] = field(default_factory=list)
     answer: Probe | None = None  # the largest value whose choice fits (by prediction)
     measured: Measured | None = None  # the answer's verifying run
+    failed: list[str] = field(default_factory=list)  # why that run left no figures
 
     @property
     def fits(self) -> bool:
