@@ -115,7 +115,10 @@ def chrome_trace(source: Capture | Run, **options: Any) -> dict[str, Any]:
     """The trace as Python objects (what the file holds, parsed: for tests and scripts)."""
     out = io.StringIO()
     o = CHROME.make_options(**options)
-    (_write_run(source, o, out) if isinstance(source, Run) else _write(source, o, out))
+    if isinstance(source, Run):
+        _write_run(source, o, out)
+    else:
+        _write(source, o, out)
     return dict(json.loads(out.getvalue()))
 
 

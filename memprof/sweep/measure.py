@@ -168,8 +168,9 @@ class Measured:
     own_compile_s: float | None = None
     shared_s: float | None = None
     # the bytes a step starts from: measured, the level the median step rose from (its peak less
-    # `step_peak`); predicted, what was allocated when the first compiled graph ran plus what the
-    # optimizers' first step adds for their state. `resident + step_peak` is the process's peak
+    # `step_peak`); predicted, what was allocated when the first compiled graph ran plus what is
+    # made before the next step (the optimizers' state, the cuBLAS workspaces on CUDA).
+    # `resident + step_peak` is the process's peak in a step after the first
     resident: int | None = None
     # the spread of the measured steps' wall times (10th and 90th percentiles): the plot draws it
     step_ms_p10: float | None = None
