@@ -508,6 +508,16 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
     assert shared["details"]["kernels"] > 0 and shared["details"]["kernels_compiled"] == 0
     assert solo["details"]["kernels"] > 0 and solo["details"]["kernels_compiled"] == 0
     assert solo["details"]["graphs_run_op_by_op"] > 0 and shared["details"]["graphs_run_op_by_op"] == 0
-    for key in ("estimates", "facts", "at_peak", "peak_phase", "plans"):
+    for key in ("facts", "peak_phase", "plans"):
         assert shared["measured"][key] == solo["measured"][key], key
+    # the estimates to the byte but for the CPU scratch probes' own variation between processes: a
+    # fallback kernel's workspace was measured 128 B apart in one CI run under load (33,024 against
+    # 32,896 B), visible since CPU predictions stopped rounding to CUDA's 512-byte blocks
+    sm, om = shared["measured"], solo["measured"]
+    assert sm["estimates"].keys() == om["estimates"].keys()
+    for name, value in sm["estimates"].items():
+        other = om["estimates"][name]
+        assert (value is None and other is None) or abs(value - other) <= 512, name
+    assert {k: v for k, v in sm["at_peak"].items() if k != "workspace"} == {
+        k: v for k, v in om["at_peak"].items() if k != "workspace"}
     assert "predicted MB" in predicted.stdout
