@@ -64,4 +64,4 @@ def write(name: str, source: Capture | Run, path: Path, replace: bool = True, **
 
 
 def _load_builtin() -> None:
-    from memprof.reporters import chrome, html, ranks, snapshot, text  # noqa: F401  (registers on import)
+    from memprof.reporters import chrome, html, snapshot, text  # noqa: F401  (registers on import)
