@@ -202,6 +202,11 @@ class Capture:
         return not info.dropped_events and not info.stopped_by and not info.recovered_from and not self.problems
 
     @property
+    def t0_ns(self) -> int:
+        """Time zero of the capture's reports (steady-clock ns): when it started, else its first event."""
+        return self.info.t_start_ns or (int(self.raw["t_ns"][0]) if len(self.raw) else 0)
+
+    @property
     def problems(self) -> list[str]:
         """What in the events no real capture holds, per device ("cpu: ..."; `timeline.consistency`)."""
         return [f"{d}: {p}" for d in self.devices for p in self.timeline(d).problems]

@@ -123,7 +123,7 @@ def _sweep_command(r: OomReport, cap: Capture) -> list[str] | None:
 def oom_reports(cap: Capture, top: int = 8) -> list[OomReport]:
     """One report per OOM event the capture holds, in order."""
     raw, info = cap.raw, cap.info
-    t0 = info.t_start_ns or (int(raw["t_ns"][0]) if len(raw) else 0)
+    t0 = cap.t0_ns
     markers = np.flatnonzero(raw["kind"] == Kind.STEP)
     out: list[OomReport] = []
     for row in np.flatnonzero(raw["kind"] == Kind.OOM).tolist():

@@ -213,7 +213,7 @@ def step_rows(cap: Capture, dev: str, gc_pos: np.ndarray | None = None) -> list[
     collector freed in it (`gc_pos`: `Capture.gc_freed`, computed here when not given)."""
     tl = cap.timeline(dev)
     gc_pos = cap.gc_freed(dev) if gc_pos is None else gc_pos
-    t0 = cap.info.t_start_ns or (int(cap.raw["t_ns"][0]) if len(cap.raw) else 0)
+    t0 = cap.t0_ns
     return [StepRow(s.step, s.peak, s.allocated_at_end, s.reserved_at_end, s.complete,
                     freed_bytes(tl, gc_pos, s.start_row, s.end_row), (s.t_start_ns - t0) / 1e9,
                     (s.t_end_ns - s.t_start_ns) / 1e6, tl.allocated_before_row(s.start_row))
@@ -228,7 +228,7 @@ def main_first(cap: Capture) -> list[str]:
 def summarize(cap: Capture, top: int = 8) -> Summary:
     """Peak per device, the largest live allocations and scopes at each peak, steps, OOMs."""
     raw, meta, info = cap.raw, cap.meta, cap.info
-    t0 = info.t_start_ns or (int(raw["t_ns"][0]) if len(raw) else 0)
+    t0 = cap.t0_ns
     t1 = info.t_stop_ns or (int(raw["t_ns"][-1]) if len(raw) else t0)
     return Summary(
         plans=[plan_summary(p) for p in cap.plans], warnings=rng_warnings(cap), path=meta.get("path"),

@@ -56,7 +56,7 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
     from memprof.sweep.manifest import record_files
 
     if memory.strip().lower() == "device":
-        limit, _dev = device_limit()
+        limit = device_limit()
     else:
         try:
             limit = parse_size(memory)
@@ -90,13 +90,10 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
                              progress=step)
     record_files(out, "fit.json")
     if scale and values:
-        doc = scale_json(scaled)
-        write_text(out / "fit.json", json.dumps(doc, indent=1) + "\n")
-        click.echo(json_text(doc, indent=1) if as_json else printable(format_scale(scaled, [script, *script_args])))
-        click.echo(f"memprof: results in {out / 'fit.json'}", err=True)
-        return 0 if scaled.fits else 1
-    doc = fit_json(result)
+        doc, text, fits = scale_json(scaled), format_scale(scaled, [script, *script_args]), scaled.fits
+    else:
+        doc, text, fits = fit_json(result), format_fit(result), result.fits
     write_text(out / "fit.json", json.dumps(doc, indent=1) + "\n")
-    click.echo(json_text(doc, indent=1) if as_json else printable(format_fit(result)))
+    click.echo(json_text(doc, indent=1) if as_json else printable(text))
     click.echo(f"memprof: results in {out / 'fit.json'}", err=True)
-    return 0 if result.fits else 1
+    return 0 if fits else 1

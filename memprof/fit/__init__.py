@@ -32,7 +32,7 @@ BATCH_SCALED = ("saved_activation", "recomputed", "temporary", "input", "rng_mas
 MAX_VERIFY = 3  # runs at most, when the preferred configurations' runs exceed the limit
 
 
-def device_limit() -> tuple[int, str]:
+def device_limit() -> int:
     """The memory a job can have: on CUDA the device's free memory now (its total less what is
     outside PyTorch: other processes, the CUDA context), else the machine's available memory."""
     try:
@@ -40,22 +40,14 @@ def device_limit() -> tuple[int, str]:
 
         if torch.cuda.is_available():
             free, _total = torch.cuda.mem_get_info()
-            return int(free), "cuda"
+            return int(free)
     except (ImportError, RuntimeError):
         pass
     with open("/proc/meminfo") as fh:
         for line in fh:
             if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024, "cpu"
+                return int(line.split()[1]) * 1024
     raise OSError("no /proc/meminfo MemAvailable line: give --memory as a size")
-
-
-def _device(out: Path) -> str:
-    """The device the predictions in `out` ran on."""
-    from memprof.sweep.result import load_sweep
-
-    runs = load_sweep(out / "search.json").runs
-    return next((r.measured.device for r in runs if r.measured is not None), "cpu")
 
 
 def _candidates(sweep: Sweep) -> list[Candidate]:
@@ -124,8 +116,8 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     """Predict every configuration, verify the preferred one that fits (up to MAX_VERIFY runs), or,
     when none is predicted to, run the smallest and say what would close the gap. `out` must be
     ready (`memprof.sweep.prepare_dir`)."""
-    candidates = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
-    result = FitResult(limit, _device(out), candidates, command=[script, *args])
+    candidates, device = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
+    result = FitResult(limit, device, candidates, command=[script, *args])
 
     def run(config: Config) -> bool:
         """Verify `config`; whether its run stayed under the limit (then it is the choice)."""
@@ -153,8 +145,10 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
 
 
 def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str], out: Path,
-               jobs: int, timeout: float | None, progress: Callable[[object], None] | None) -> list[Candidate]:
-    """Every configuration predicted into `out` (its predictions kept as search.json)."""
+               jobs: int, timeout: float | None, progress: Callable[[object], None] | None
+               ) -> tuple[list[Candidate], str]:
+    """Every configuration predicted into `out` (its predictions kept as search.json), and the
+    device they ran on."""
     from memprof.sweep.manifest import record_files
     from memprof.sweep.runner import run_sweep
 
@@ -162,7 +156,8 @@ def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes
                        progress=progress, predict=True)  # (modes: the remat modes beside stock; [] stock only)
     record_files(out, "search.json")
     (out / "sweep.json").replace(out / "search.json")
-    return _candidates(search)
+    device = next((r.measured.device for r in search.runs if r.measured is not None), "cpu")
+    return _candidates(search), device
 
 
 def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[int], limit: int,
@@ -175,7 +170,8 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
     def predict(value: int) -> list[Candidate]:
         sub = scale_dir(out, value)
         prepare_dir(sub, True)
-        return _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs, timeout, progress)
+        return _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs, timeout,
+                          progress)[0]
 
     result = ScaleResult(template, list(values), limit, bisect(values, predict, limit))
     result.answer = answer(result.probes)
@@ -204,7 +200,7 @@ def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
         prepare_dir(out, False)
         say(f"memprof: --budget {fmt_bytes(limit)}: predicting {len(budgets) * 2} configurations (no training step)")
         candidates = _predicted(script, args, budgets, [remat or "light"], out, min(4, os.cpu_count() or 1), None,
-                                None)
+                                None)[0]
     chosen = next(iter(fitting(candidates, limit)), None)
     if chosen is not None and chosen.peak is not None:
         say(f"memprof: --budget {fmt_bytes(limit)} ({limit:,} B): {chosen.config.label}, predicted peak "

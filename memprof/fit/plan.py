@@ -23,6 +23,9 @@ class Config:
     def trace_options(self) -> list[str]:
         return ["--budget", f"{self.budget:g}", *(["--remat", self.remat] if self.remat else [])]
 
+    def to_json(self) -> dict[str, float | str | None]:
+        return {"budget": self.budget, "remat": self.remat}
+
     def python_lines(self) -> list[str]:
         lines = [f"torch._functorch.config.activation_memory_budget = {self.budget:g}"]
         if self.remat:

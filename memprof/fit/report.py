@@ -8,14 +8,14 @@ from typing import Any
 
 from memprof.analysis.units import fmt_bytes
 from memprof.fit.plan import Candidate, FitResult, Measured, smallest
-from memprof.fit.scale import Probe, ScaleResult
+from memprof.fit.scale import Probe, ScaleResult, with_value
 
 
 def _share(n: int, limit: int) -> str:
     return f"{n / limit:.1%}" if limit else "-"
 
 
-def _proof(r: FitResult, m: Measured, cand: Candidate | None) -> list[str]:
+def _proof(limit: int, m: Measured, cand: Candidate | None) -> list[str]:
     what = "allocated" if m.exact else "allocated, a lower bound: the capture dropped events"
     lines = []
     if cand is not None and cand.peak is not None:
@@ -27,8 +27,8 @@ def _proof(r: FitResult, m: Measured, cand: Candidate | None) -> list[str]:
         lines.append(f"  reserved by the caching allocator at most {fmt_bytes(m.reserved_peak)} "
                      f"({m.reserved_peak:,} B)")
     top = max(m.peak, m.reserved_peak or 0)
-    word = "margin" if top <= r.limit else "over the limit by"
-    lines.append(f"  {word} {fmt_bytes(abs(r.limit - top))} ({_share(abs(r.limit - top), r.limit)} of the limit)")
+    word = "margin" if top <= limit else "over the limit by"
+    lines.append(f"  {word} {fmt_bytes(abs(limit - top))} ({_share(abs(limit - top), limit)} of the limit)")
     if m.error:
         lines.append(f"  the run did not end well: {m.error}")
     return lines
@@ -47,12 +47,12 @@ def format_fit(r: FitResult) -> str:
                      + "; ".join(f"{c.config.label}: {c.error}" for c in failed[:3]))
     if r.choice is not None:
         m = r.choice
+        cand = r.candidate(m.config)
         lines.insert(0, f"FITS: {m.config.label}")
-        lines += _proof(r, m, r.candidate(m.config))
+        lines += _proof(r.limit, m, cand)
         if m.step_ms is not None:
             lines.append(f"  step time {m.step_ms:.1f} ms (median of the run's steps after the first; the only "
                          "configuration timed is this one)")
-        cand = r.candidate(m.config)
         lines.append("  random ops: " + ("saved, never redrawn in the backward" if cand is None or
                                          cand.random_ops_saved else "REDRAWN in the backward"))
         lines.append(f"  run it:  memprof trace {shlex.join([*m.config.trace_options(), *r.command])}")
@@ -72,7 +72,7 @@ def format_fit(r: FitResult) -> str:
                      f"  the smallest: {best.config.label}, predicted {fmt_bytes(best.peak)}")
     for m in r.verified:
         lines.append(f"  run: {m.config.label}")
-        lines += ["  " + x for x in _proof(r, m, r.candidate(m.config))]
+        lines += ["  " + x for x in _proof(r.limit, m, r.candidate(m.config))]
     if r.suggestions:
         lines.append("  what would close the gap (from the capture of the smallest configuration):")
         lines += [f"    - {s.what} (about {fmt_bytes(s.saves)} less)" for s in r.suggestions]
@@ -85,17 +85,17 @@ def fit_json(r: FitResult) -> dict[str, Any]:
     shown = choice or next((m for m in r.verified if cand is not None and m.config == cand.config), None)
     return {
         "limit_bytes": r.limit, "device": r.device, "fits": r.fits,
-        "choice": ({"budget": choice.config.budget, "remat": choice.config.remat} if choice is not None else None),
+        "choice": choice.config.to_json() if choice is not None else None,
         "predicted_peak_bytes": cand.peak if cand is not None else None,
         "measured_peak_bytes": shown.peak if shown is not None else None,
         "measured_reserved_bytes": shown.reserved_peak if shown is not None else None,
         "step_ms": shown.step_ms if shown is not None else None,
         "command": (["memprof", "trace", *choice.config.trace_options(), *r.command] if choice is not None else None),
         "python": choice.config.python_lines() if choice is not None else None,
-        "candidates": [{"budget": c.config.budget, "remat": c.config.remat, "predicted_peak_bytes": c.peak,
+        "candidates": [{**c.config.to_json(), "predicted_peak_bytes": c.peak,
                         "resident_bytes": c.resident, "step_peak_bytes": c.step_peak,
                         "random_ops_saved": c.random_ops_saved, "error": c.error} for c in r.candidates],
-        "verified": [{"budget": m.config.budget, "remat": m.config.remat, "peak_bytes": m.peak,
+        "verified": [{**m.config.to_json(), "peak_bytes": m.peak,
                       "reserved_peak_bytes": m.reserved_peak, "step_ms": m.step_ms, "capture": m.capture,
                       "within_limit": m.within(r.limit), "error": m.error} for m in r.verified],
         "suggestions": [{"what": s.what, "saves_bytes": s.saves} for s in r.suggestions],
@@ -128,12 +128,12 @@ def format_scale(r: ScaleResult, command: list[str]) -> str:
     lines.insert(0, ("FITS" if m.within(r.limit) else "OVER THE LIMIT WHEN RUN") +
                  f": {r.template.replace('{}', str(value))} at {choice.config.label}")
     lines.append(f"  run at {value}:")
-    lines += ["  " + x for x in _proof(FitResult(r.limit, "", []), m, choice)]
+    lines += ["  " + x for x in _proof(r.limit, m, choice)]
     higher = [v for v in r.values if v > value]
     if higher:
         lines.append(f"  the next value, {higher[0]}, " + ("was predicted over the limit" if any(
             p.value == higher[0] for p in r.probes) else "lies above a value predicted over the limit"))
-    argv = [*choice.config.trace_options(), *command, *shlex.split(r.template.replace("{}", str(value)))]
+    argv = [*choice.config.trace_options(), *with_value(command, r.template, value)]
     lines.append(f"  run it:  memprof trace {shlex.join(argv)}")
     return "\n".join(lines)
 
@@ -143,8 +143,7 @@ def scale_json(r: ScaleResult) -> dict[str, Any]:
     return {
         "limit_bytes": r.limit, "template": r.template, "values": r.values,
         "fits": r.fits, "value": a.value if a is not None else None,
-        "choice": ({"budget": a.choice.config.budget, "remat": a.choice.config.remat}
-                   if a is not None and a.choice is not None else None),
+        "choice": a.choice.config.to_json() if a is not None and a.choice is not None else None,
         "predicted_peak_bytes": a.choice.peak if a is not None and a.choice is not None else None,
         "measured_peak_bytes": m.peak if m is not None else None,
         "measured_reserved_bytes": m.reserved_peak if m is not None else None,
@@ -156,5 +155,4 @@ def _probe(p: Probe) -> dict[str, Any]:
     shown = p.choice or p.smallest
     return {"value": p.value, "fits": p.choice is not None,
             "predicted_peak_bytes": shown.peak if shown is not None else None,
-            "budget": shown.config.budget if shown is not None else None,
-            "remat": shown.config.remat if shown is not None else None}
+            **(shown.config.to_json() if shown is not None else {"budget": None, "remat": None})}

@@ -83,9 +83,16 @@ def _us(t_ns: np.ndarray, t0_ns: int, shift_us: float) -> np.ndarray:
     return np.round(us + shift_us, 3) if shift_us else us
 
 
-def _json_objects(objs: list[dict[str, Any]], ts: list[float]) -> Block:
+def _at(t_ns: int, win: Window, shift_us: float) -> float:
+    """One event time in the trace's microseconds (never before its start)."""
+    return round(max(float(_us(np.asarray([t_ns]), win.t0_ns, 0.0)[0]), 0.0) + shift_us, 3)
+
+
+def _json_objects(objs: list[dict[str, Any]]) -> Block:
+    """A few events (markers) written as their dicts, at their own "ts"."""
     texts = [json.dumps(o, separators=(",", ":")) for o in objs]
-    return Block(np.asarray(ts, dtype=np.float64), np.zeros(len(texts)), lambda ix: [texts[i] for i in ix.tolist()])
+    return Block(np.asarray([o["ts"] for o in objs], dtype=np.float64), np.zeros(len(texts)),
+                 lambda ix: [texts[i] for i in ix.tolist()])
 
 
 # ---------------------------------------------------------------------------------------- slices
@@ -198,8 +205,7 @@ def counter_blocks(cap: Capture, dev: str, pid: int, win: Window, shift_us: floa
     """Allocated bytes, bytes by category and reserved bytes on one device, each opened by its value
     where the trace begins."""
     tl = cap.timeline(dev)
-    start = 0.0 if win.steps is None else float(_us(np.asarray([win.lo_ns]), win.t0_ns, 0.0)[0])
-    t_open = round(max(start, 0.0) + shift_us, 3)
+    t_open = _at(win.lo_ns, win, shift_us)
     keep, before = _window_points(tl.rows, tl.allocated, win, max_points)
     blocks = [_counter_block(pid, "allocated", ["bytes"], t_open, tl.allocated_at_pos(before),
                              _us(tl.t_ns[keep], win.t0_ns, shift_us), tl.allocated[keep][:, None])]
@@ -238,11 +244,6 @@ def mark_block(cap: Capture, dev: str, pid: int, win: Window, shift_us: float) -
     """The peak (of the window, where the trace holds some steps) and the step markers."""
     raw, tl = cap.raw, cap.timeline(dev)
     objs: list[dict[str, Any]] = []
-    ts: list[float] = []
-
-    def at(t_ns: int) -> float:
-        return round(max(float(_us(np.asarray([t_ns]), win.t0_ns, 0.0)[0]), 0.0) + shift_us, 3)
-
     lo, hi = _span(tl.rows, win)
     pos = tl.peak_pos if win.steps is None else (lo + int(np.argmax(tl.allocated[lo:hi])) if hi > lo else -1)
     if pos >= 0:
@@ -252,17 +253,15 @@ def mark_block(cap: Capture, dev: str, pid: int, win: Window, shift_us: float) -
         stack = cap.scope_stack_at_peak(dev) if pos == tl.peak_pos else [
             cap.scope_name(s) for s in cap.scopes.stack_at(row, cap.info.main_thread)]
         objs.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"{what} {fmt_bytes(value)}{bound}",
-                     "cat": "peak", "ts": at(int(tl.t_ns[pos])),
+                     "cat": "peak", "ts": _at(int(tl.t_ns[pos]), win, shift_us),
                      "args": {"bytes": value, "scope": cap.scope_name(int(raw["scope"][row])),
                               "stack": " > ".join(stack)}})
-        ts.append(objs[-1]["ts"])
     for r in np.flatnonzero(raw["kind"] == Kind.STEP).tolist():
         if win.lo_row <= r <= win.hi_row:  # (the marker before the first step is its start, not a step)
             objs.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"step {int(raw['bytes'][r])}",
-                         "cat": "step", "ts": at(int(raw["t_ns"][r])),
+                         "cat": "step", "ts": _at(int(raw["t_ns"][r]), win, shift_us),
                          "args": {"allocated": tl.allocated_before_row(r + 1)}})
-            ts.append(objs[-1]["ts"])
-    return _json_objects(objs, ts)
+    return _json_objects(objs)
 
 
 def oom_block(cap: Capture, pid_of: Callable[[str], int], win: Window, shift_us: float) -> Block:
@@ -271,9 +270,7 @@ def oom_block(cap: Capture, pid_of: Callable[[str], int], win: Window, shift_us:
     for r in np.flatnonzero(raw["kind"] == Kind.OOM).tolist():
         if not win.lo_row <= r <= win.hi_row:
             continue
-        t = int(raw["t_ns"][r])
         dev = device_name(int(raw["device_type"][r]), int(raw["device_index"][r]))
-        ts = round(max(float(_us(np.asarray([t]), win.t0_ns, 0.0)[0]), 0.0) + shift_us, 3)
         objs.append({"ph": "i", "s": "p", "pid": pid_of(dev), "tid": 0, "name": "OUT OF MEMORY", "cat": "oom",
-                     "ts": ts, "args": {"requested": int(raw["bytes"][r])}})
-    return _json_objects(objs, [o["ts"] for o in objs])
+                     "ts": _at(int(raw["t_ns"][r]), win, shift_us), "args": {"requested": int(raw["bytes"][r])}})
+    return _json_objects(objs)

@@ -70,7 +70,7 @@ def page_data(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX_I
     """The page's data: `memprof report --json`'s summary (every figure the page prints comes from
     it or from the timeline it was computed from) and each device's view, the main device first."""
     raw = cap.raw
-    t0 = cap.info.t_start_ns or (int(raw["t_ns"][0]) if len(raw) else 0)
+    t0 = cap.t0_ns
     views = []
     for d in main_first(cap):
         tl = cap.timeline(d)

@@ -273,10 +273,12 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     phase = ""
     slack = 0
     allocator = None
+    resident = None
     if pp and len(tl.rows):
         # the measured step whose excess is the median: what is live at its peak, and where
         k = ex.index(step_peak) if step_peak in ex else 0
         pos = pp[k]
+        resident = int(tl.allocated_at_pos(pos)) - step_peak if step_peak in ex else None
         slack = block_slack(cap, tl, windows[measured][k][0], pos)
         if cap.plans:  # (only memprof's estimate of the compiled pairs replays through it)
             allocator = model_at(cap.raw, tl, rise_start(tl, windows[measured][k][0], pos), cap.info.alloc_conf or "")
@@ -298,7 +300,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=found, notes=notes,
         gc_freed=gc_freed, block_slack=slack, **estimate_fields(walk),
-        resident=int(tl.allocated_at_pos(pp[ex.index(step_peak)])) - step_peak if pp and step_peak in ex else None,
+        resident=resident,
         step_ms_p10=float(np.percentile(tm, 10)) if tm else None,
         step_ms_p90=float(np.percentile(tm, 90)) if tm else None,
     )

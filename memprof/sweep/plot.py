@@ -29,14 +29,13 @@ def plot(sweep: Sweep, out: Path, stem: str = "sweep") -> list[Path]:
             ax_mem.plot([b for b, e in est if e is not None], [e / MB for _b, e in est if e is not None],
                         linestyle="--", color=line.get_color(), alpha=0.7, label=f"{label}: memprof estimate")
         if sweep.mode == "measure":  # each budget's median step and the spread of its steps (p10 to p90)
-            timed = [r for r in runs if r.measured and r.measured.step_ms is not None]
-            mid = [r.measured.step_ms or 0.0 for r in timed if r.measured]
-            low = [m - (r.measured.step_ms_p10 if r.measured and r.measured.step_ms_p10 is not None else m)
-                   for r, m in zip(timed, mid, strict=True)]
-            high = [(r.measured.step_ms_p90 if r.measured and r.measured.step_ms_p90 is not None else m) - m
-                    for r, m in zip(timed, mid, strict=True)]
-            ax_time.errorbar([r.budget for r in timed], mid, yerr=[low, high], fmt="o", capsize=3,
-                             color=line.get_color(), label=label)
+            spread = [(r.budget, m.step_ms, m.step_ms if m.step_ms_p10 is None else m.step_ms_p10,
+                       m.step_ms if m.step_ms_p90 is None else m.step_ms_p90)
+                      for r in runs if (m := r.measured) is not None and m.step_ms is not None]
+            low = [t - lo for _b, t, lo, _hi in spread]
+            high = [hi - t for _b, t, _lo, hi in spread]
+            ax_time.errorbar([b for b, *_ in spread], [t for _b, t, *_ in spread], yerr=[low, high], fmt="o",
+                             capsize=3, color=line.get_color(), label=label)
         else:
             times = [(r.budget, r.measured.compile_s if r.measured else None) for r in runs]
             ax_time.plot([b for b, t in times if t is not None], [t for _b, t in times if t is not None],
