@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from memprof.analysis.labels import CATEGORIES
 from memprof.errors import MemprofError
-from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, smallest, suggestions
+from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, next_to_verify, smallest, suggestions
 from memprof.fit.scale import ScaleResult, answer, bisect, scale_dir, with_value
 
 if TYPE_CHECKING:
@@ -119,8 +119,11 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     candidates, device = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
     result = FitResult(limit, device, candidates, command=[script, *args])
 
+    tried: set[Config] = set()
+
     def run(config: Config) -> bool:
         """Verify `config`; whether its run stayed under the limit (then it is the choice)."""
+        tried.add(config)
         measured = _verify(script, args, config, out, len(result.verified) + len(result.failed) + 1, timeout,
                            progress)
         if isinstance(measured, str):
@@ -131,12 +134,15 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
             result.choice = measured
         return result.choice is not None
 
-    for cand in fitting(candidates, limit)[:MAX_VERIFY]:
+    for _ in range(MAX_VERIFY):
+        cand = next_to_verify(candidates, limit, result.verified, tried)
+        if cand is None:
+            break
         if run(cand.config):
             return result
     best = smallest(candidates)
     # (predicted over, or the preferred ones' runs were: the smallest's own run decides)
-    if best is not None and not any(m.config == best.config for m in result.verified) and run(best.config):
+    if best is not None and best.config not in tried and run(best.config):
         return result
     runs = [m for m in result.verified if m.config == (best.config if best else None)] or result.verified
     if runs:

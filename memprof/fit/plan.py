@@ -3,7 +3,7 @@ configuration to run, whether it fits, and what would close the gap when none do
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memprof.analysis.units import fmt_bytes
@@ -64,6 +64,24 @@ def fitting(candidates: Sequence[Candidate], limit: int) -> list[Candidate]:
     redrawn in the backward are wrong gradients: those plans never fit)."""
     ok = [c for c in candidates if c.peak is not None and c.peak <= limit and c.random_ops_saved]
     return sorted(ok, key=preference)
+
+
+def reserved_overhead(runs: Sequence[Measured]) -> int:
+    """The most bytes the caching allocator reserved above the allocated peak in the runs so far that
+    ended well (0 on the CPU, or before any run): what a configuration's allocated peak needs beside
+    it under a limit on reserved bytes. The search predicts allocated bytes only."""
+    return max((m.reserved_peak - m.peak for m in runs if m.error is None and m.reserved_peak is not None),
+               default=0)
+
+
+def next_to_verify(candidates: Sequence[Candidate], limit: int, runs: Sequence[Measured],
+                   tried: Collection[Config] = ()) -> Candidate | None:
+    """The preferred configuration not run (nor `tried`) yet that is predicted to fit with the reserved overhead
+    the runs so far measured (`reserved_overhead`): a run over the limit in reserved bytes rules out
+    the next ones that would be over by as much, so they are not run only to be refused."""
+    done = {*tried, *(m.config for m in runs)}
+    room = limit - reserved_overhead(runs)
+    return next((c for c in fitting(candidates, limit) if c.config not in done and (c.peak or 0) <= room), None)
 
 
 def smallest(candidates: Sequence[Candidate]) -> Candidate | None:

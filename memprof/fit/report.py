@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from memprof.analysis.units import fmt_bytes
-from memprof.fit.plan import Candidate, FitResult, Measured, smallest
+from memprof.fit.plan import Candidate, FitResult, Measured, fitting, preference, reserved_overhead, smallest
 from memprof.fit.scale import Probe, ScaleResult, with_value
 
 
@@ -32,6 +32,22 @@ def _proof(limit: int, m: Measured, cand: Candidate | None) -> list[str]:
     if m.error:
         lines.append(f"  the run did not end well: {m.error}")
     return lines
+
+
+def _skipped(r: FitResult) -> list[str]:
+    """Why configurations preferred to the choice and predicted to fit were not run."""
+    over = reserved_overhead(r.verified)
+    ran = {m.config for m in r.verified}
+    skipped = [c for c in fitting(r.candidates, r.limit) if c.config not in ran]
+    chosen = r.candidate(r.choice.config) if r.choice is not None else None
+    if chosen is not None:  # (those after the choice were not needed)
+        skipped = [c for c in skipped if preference(c) < preference(chosen)]
+    if not over or not skipped:
+        return []
+    return [f"  not run: {len(skipped)} preferred configuration(s) predicted under the limit in allocated bytes "
+            f"but within {fmt_bytes(over)} of it, the most the caching allocator reserved above the allocated "
+            "peak in the runs above (" + ", ".join(c.config.label for c in skipped[:3])
+            + (", ..." if len(skipped) > 3 else "") + ")"]
 
 
 def format_fit(r: FitResult) -> str:
@@ -63,6 +79,7 @@ def format_fit(r: FitResult) -> str:
             if other is not m:
                 high = max(other.peak, other.reserved_peak or 0)
                 lines.append(f"  also run: {other.config.label}: {fmt_bytes(high)}, over the limit")
+        lines += _skipped(r)
         return "\n".join(lines)
     best = smallest(r.candidates)
     lines.insert(0, "DOES NOT FIT: no configuration memprof can set keeps the step under the limit")

@@ -95,3 +95,25 @@ def test_a_budget_in_bytes_plans_the_configuration_that_fits(tmp_path: Path) -> 
     assert plan(SCRIPT, ["--steps", "3"], 3_250_000, budgets=(0.0, 1.0)) == Config(0.0, "light")
     for bad, words in (("0GB", "more than 0 bytes"), ("3parsecs", "unknown unit"), ("1.5", "in [0, 1]")):
         assert words in one_line_error(invoke_memprof("trace", "--budget", bad, SCRIPT, cwd=tmp_path))
+
+
+def test_a_run_over_in_reserved_bytes_rules_out_the_next_ones_over_by_as_much() -> None:
+    """The search predicts allocated bytes; the first run measured the caching allocator's reserved
+    bytes above them. The next run is the preferred configuration that fits with that overhead, not
+    the next in line that would be refused as well (GPT-2 at 5 GB: three runs over, then one under)."""
+    from memprof.fit.plan import FitResult, Measured, next_to_verify
+    from memprof.fit.report import format_fit
+
+    cands = [_candidate(0.2, None, 3_800), _candidate(0.2, "light", 3_700), _candidate(0.1, None, 3_600),
+             _candidate(0.05, "light", 3_300), _candidate(0.0, "light", 3_000)]
+    limit = 5_000
+    assert next_to_verify(cands, limit, []) == cands[0]
+    first = Measured(Config(0.2), 4_800, 5_400, 3_800, 1_000, 10.0, "verify-1.memprof")
+    assert next_to_verify(cands, limit, [first]) == cands[3]  # 600 B of overhead: 4,300 + 600 fits
+    assert next_to_verify(cands, limit, [first], tried={Config(0.05, "light")}) == cands[4]
+    broken = Measured(Config(0.2), 4_800, 9_000, 3_800, 1_000, None, "x", error="out of memory")
+    assert next_to_verify(cands, limit, [broken]) == cands[1]  # a failed run measured no overhead
+    second = Measured(Config(0.05, "light"), 4_300, 4_900, 3_300, 1_000, 11.0, "verify-2.memprof")
+    text = format_fit(FitResult(limit, "cuda", cands, [first, second], choice=second))
+    assert "FITS: budget 0.05 with --remat light" in text
+    assert "not run: 2 preferred configuration(s)" in text and "within 600 B of it" in text
