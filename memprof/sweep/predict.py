@@ -126,8 +126,12 @@ class _Book:
         if self.segments is not None and self.segments[0] >= 0:
             self.optimizer_state = optimizer_state_requests(self.segments[0])
         if self.resident is not None:
-            # the forward has run: the matrix multiplies' workspaces exist now, and stay for every step
-            workspaces = cublas_workspace_bytes() if self.resident[0] == "cuda" else 0
+            # the forward has run: its thread's cuBLAS workspace exists now and stays for every step;
+            # the backward runs on the autograd engine's device thread, whose own cuBLAS handle makes
+            # another of the same size at its first matrix multiply (the real snapshot
+            # tests/fixtures/tiny_snapshot_cuda.pickle shows both: one under the forward's call, one
+            # under `_backward_impl`); no backward runs here, so it is counted as the forward's twin
+            workspaces = 2 * cublas_workspace_bytes() if self.resident[0] == "cuda" else 0
             self.state_bytes = optimizer_state_bytes(self.resident[0]) + workspaces
 
     @contextlib.contextmanager
