@@ -280,12 +280,21 @@ def model_from_segments(segments: Sequence[Mapping[str, Any]], device: int) -> C
     return model
 
 
+@dataclass(frozen=True)
+class SteadyStep:
+    """A step after the first as the model runs it: the bytes allocated when it starts (what was
+    there before the first step, and what the first left: the optimizer's state in the blocks it
+    got) and the most it allocates above that."""
+
+    start: int
+    peak: int
+
+
 def steady_peak(model: CachingAllocatorModel, step: Sequence[Sequence[tuple[int, int]]],
-                between: Sequence[int]) -> int:
-    """The most bytes allocated above a step's start in the step after the first, each step running
-    the request lists of `step` in order from `model` (not changed): after the first, `between` are
-    allocated (what the optimizer's first step makes: its state) and everything the step left is
-    freed (the gradients, by `zero_grad`)."""
+                between: Sequence[int]) -> SteadyStep:
+    """The step after the first, each step running the request lists of `step` in order from
+    `model` (not changed): after the first, `between` are allocated (what the optimizer's first
+    step makes: its state) and everything the step left is freed (the gradients, by `zero_grad`)."""
     m = model.copy()
     resident = set(m._blocks)
     for requests in step:
@@ -299,4 +308,4 @@ def steady_peak(model: CachingAllocatorModel, step: Sequence[Sequence[tuple[int,
     for requests in step:
         m.run(requests)
         peak = max(peak, m.peak_allocated - start)
-    return peak
+    return SteadyStep(start, peak)

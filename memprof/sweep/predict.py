@@ -38,6 +38,7 @@ from typing import Any
 
 from memprof.analysis.caching_allocator import CachingAllocatorModel, model_from_segments, settings_modelled
 from memprof.sweep.measure import ChildResult, Measured, estimate_fields, estimates, merge_facts, plan_facts
+from memprof.sweep.step_estimate import CaptureEstimate
 from memprof.torch_hooks.patch import Patches
 from memprof.torch_hooks.predict import (
     EagerRun,
@@ -115,6 +116,7 @@ class _Book:
     # state and, on CUDA, the cuBLAS workspaces the first matrix multiply makes
     resident: tuple[str, int] | None = None
     state_bytes: int = 0
+    workspaces: int = 0
 
     def before_first_run(self) -> None:
         if self.segments is None:
@@ -131,8 +133,8 @@ class _Book:
             # another of the same size at its first matrix multiply (the real snapshot
             # tests/fixtures/tiny_snapshot_cuda.pickle shows both: one under the forward's call, one
             # under `_backward_impl`); no backward runs here, so it is counted as the forward's twin
-            workspaces = 2 * cublas_workspace_bytes() if self.resident[0] == "cuda" else 0
-            self.state_bytes = optimizer_state_bytes(self.resident[0]) + workspaces
+            self.workspaces = 2 * cublas_workspace_bytes() if self.resident[0] == "cuda" else 0
+            self.state_bytes = optimizer_state_bytes(self.resident[0]) + self.workspaces
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:
@@ -217,6 +219,18 @@ def _allocator(book: _Book, device: str, notes: list[str]) -> tuple[CachingAlloc
     return model_from_segments(book.segments[1], book.segments[0]), requests
 
 
+def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:
+    """What a step after the first starts from: the caching allocator's model of it where the
+    estimate replayed one (the optimizer's state in the blocks it got, some larger than their
+    requests), else what was allocated before the first compiled graph ran plus the state's
+    requests; and the cuBLAS workspaces."""
+    if book.resident is None:
+        return None
+    if walk is not None and walk.steady_start is not None:
+        return walk.steady_start + book.workspaces
+    return book.resident[1] + book.state_bytes
+
+
 def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], remat: str | None, result: Any,
             shared: float, notes: list[str]) -> ChildResult:
     """One budget's prediction: its plans (renumbered) and graphs, and what no budget's stage compiled
@@ -253,7 +267,7 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
         at_peak=explained["estimate_at_peak"], peak_phase=explained["estimate_peak_phase"], at_peak_source="estimate",
         # what this budget alone would take: its own partition and compile, and the shared part
         compile_s=round(shared + own, 2), own_compile_s=round(own, 2), shared_s=round(shared, 2),
-        resident=book.resident[1] + book.state_bytes if book.resident is not None else None, **explained)
+        resident=_resident(book, walk), **explained)
     return ChildResult(b, remat or "off", status, code, error, measured, details={
         "stopped_at_backward": result.status == "stopped", "group": list(budgets), "ran_script": b == first,
         "kernels": kernels, "kernels_compiled": compiled,

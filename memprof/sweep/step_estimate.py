@@ -62,6 +62,9 @@ class CaptureEstimate:
     # allocator's blocks instead (`memprof.sweep.block_peak`: given its state when the step began)
     requested_peak: int = 0
     blocks: bool = False
+    # a prediction's (`between` given): the bytes the model holds when a step after the first
+    # starts, the state the first step left in the blocks the allocator gave it
+    steady_start: int | None = None
 
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
@@ -128,14 +131,16 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     if allocator is not None:
         steps = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block)
                  for chain in _chains(links)]
+        start = None
         if between is not None:
-            peak = steady_peak(allocator, steps, between)
+            steady = steady_peak(allocator, steps, between)
+            peak, start = steady.peak, steady.start
         else:
             peak = max(block_peak(allocator, requests) for requests in steps)
         at_peak = dict(best.at_peak)
         if peak > best.peak:
             at_peak["unsplit blocks"] = peak - best.peak
-        best = dataclasses.replace(best, peak=peak, at_peak=at_peak, blocks=True)
+        best = dataclasses.replace(best, peak=peak, at_peak=at_peak, blocks=True, steady_start=start)
     return best
 
 

@@ -158,3 +158,10 @@ def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> No
     measured = measure(cap, attribution=False).step_peak
     assert est is not None and measured == 436_756_992
     assert est.peak == 437_805_568 and est.requested_peak == 432_562_688 and est.blocks
+    # what the second step starts from, in the model's blocks: 7 MiB above the state's requests (state
+    # tensors served whole from larger free blocks); with the two 32 MiB cuBLAS workspaces this run
+    # made (forward and backward threads), 523,776 B above the level its steps rose from, where
+    # counting requests was 6,816,256 B below
+    resident = measure(cap, attribution=False).resident
+    assert est.steady_start == before.allocated + sum(round_size(n) for n in state) + 7 * MiB
+    assert resident is not None and est.steady_start + 64 * MiB - resident == 523_776
