@@ -71,6 +71,25 @@ def parse_size(text: str) -> int:
     return round(value * _UNITS[unit])
 
 
+def parse_budget(text: str) -> float | int:
+    """An activation memory budget as users write it: a ratio in [0, 1] (`0.05`: a float) or a size
+    with a unit (`24GB`, `22.5GiB`: an int of bytes, more than 0, the peak a step must fit under).
+    Raises ValueError naming what was wrong."""
+    s = text.strip()
+    if s[:1].isdigit() and s[-1:].isalpha():
+        size = parse_size(s)
+        if size <= 0:
+            raise ValueError(f"{text!r}: a size must be more than 0 bytes")
+        return size
+    try:
+        ratio = float(s)
+    except ValueError:
+        raise ValueError(f"a budget must be a number in [0, 1] or a size with a unit (24GB), not {text!r}") from None
+    if not 0.0 <= ratio <= 1.0:  # (NaN fails both)
+        raise ValueError(f"a budget must be in [0, 1] (or a size with a unit: 24GB), not {text}")
+    return ratio
+
+
 def count(n: int, noun: str, plural: str | None = None) -> str:
     """`1 row`, `2 rows`, `1,024 allocations`: a count and its noun in the right number."""
     return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

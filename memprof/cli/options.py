@@ -19,24 +19,12 @@ class Budget(click.ParamType):  # type: ignore[type-arg]  # generic only in clic
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float | int:
         if isinstance(value, float | int) and not isinstance(value, bool):
             return value
-        text = str(value).strip()
-        if text[:1].isdigit() and text[-1:].isalpha():
-            from memprof.analysis.units import parse_size
+        from memprof.analysis.units import parse_budget
 
-            try:
-                size = parse_size(text)
-            except ValueError as exc:
-                self.fail(f"--budget: {exc}", param, ctx)
-            if size <= 0:
-                self.fail(f"--budget {value}: a size must be more than 0 bytes", param, ctx)
-            return size
         try:
-            b = float(text)
-        except ValueError:
-            self.fail(f"--budget must be a number in [0, 1] or a size (24GB), got {value!r}", param, ctx)
-        if math.isnan(b) or not 0.0 <= b <= 1.0:
-            self.fail(f"--budget must be in [0, 1] (or a size with a unit: 24GB), got {value}", param, ctx)
-        return b
+            return parse_budget(str(value))
+        except ValueError as exc:
+            self.fail(f"--budget: {exc}", param, ctx)
 
 
 class StepWindow(click.ParamType):  # type: ignore[type-arg]

@@ -191,10 +191,10 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
 
 
 def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
-         budgets: Sequence[float] = DEFAULT_BUDGETS) -> Config:
+         budgets: Sequence[float] = DEFAULT_BUDGETS, asked: str = "--budget") -> Config:
     """The configuration `trace --budget SIZE` runs: the preferred one predicted to fit under `limit`
     (`remat`: search only that mode beside stock, else `light`), or the smallest when none is; said
-    in one line. The predictions go to a temporary directory."""
+    in one line (`asked`: how the user asked for the limit). The predictions go to a temporary directory."""
     import tempfile
 
     from memprof.analysis.units import fmt_bytes
@@ -204,20 +204,20 @@ def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
     with tempfile.TemporaryDirectory(prefix="memprof-plan-") as tmp:
         out = Path(tmp) / "plan"
         prepare_dir(out, False)
-        say(f"memprof: --budget {fmt_bytes(limit)}: predicting {len(budgets) * 2} configurations (no training step)")
+        say(f"memprof: {asked} {fmt_bytes(limit)}: predicting {len(budgets) * 2} configurations (no training step)")
         candidates = _predicted(script, args, budgets, [remat or "light"], out, min(4, os.cpu_count() or 1), None,
                                 None)[0]
     chosen = next(iter(fitting(candidates, limit)), None)
     if chosen is not None and chosen.peak is not None:
-        say(f"memprof: --budget {fmt_bytes(limit)} ({limit:,} B): {chosen.config.label}, predicted peak "
+        say(f"memprof: {asked} {fmt_bytes(limit)} ({limit:,} B): {chosen.config.label}, predicted peak "
             f"{fmt_bytes(chosen.peak)} ({chosen.peak:,} B)")
         return chosen.config
     best = smallest(candidates)
     if best is None or best.peak is None:
         errors = "; ".join(sorted({c.error for c in candidates if c.error}))[:300]
-        raise MemprofError(f"--budget {fmt_bytes(limit)}: no configuration could be predicted "
+        raise MemprofError(f"{asked} {fmt_bytes(limit)}: no configuration could be predicted "
                            f"({errors or 'no compiled graph'})")
-    say(f"memprof: warning: --budget {fmt_bytes(limit)}: nothing is predicted to fit; running the smallest, "
+    say(f"memprof: warning: {asked} {fmt_bytes(limit)}: nothing is predicted to fit; running the smallest, "
         f"{best.config.label}, predicted {fmt_bytes(best.peak)} ({fmt_bytes(best.peak - limit)} over; memprof fit "
         "says what would close the gap)")
     return best.config

@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from memprof.remat.report import RematReport
@@ -119,11 +121,26 @@ def partitioner(mode: str) -> Any:
 
 
 @contextlib.contextmanager
-def enable(mode: str) -> Iterator[None]:
+def enable(mode: str | None = None, *, budget: str | float | None = None,
+           search_budgets: Sequence[float] | None = None) -> Iterator[None]:
     """Every `torch.compile` that partitions a graph inside this block uses memprof's pass.
 
     The backward compiles lazily, at the first `.backward()`: keep the first training step inside.
+
+    `budget`: the partitioner's activation memory budget inside the block, as a ratio (0.05,
+    "0.05") or as a size ("24GB", "22.5GiB"): the block then runs the configuration `memprof fit`
+    would choose for this script under that peak (a stock budget, or one with the pass in `mode`,
+    default light), predicted first from the script itself started again as `python SCRIPT ARGS`
+    in other processes (stopping at their first backward, as `memprof sweep --predict`), among
+    `search_budgets` (default `memprof.fit.DEFAULT_BUDGETS`). Under memprof's own commands, which
+    set the budget themselves (`trace --budget`, `fit` and `sweep`), the block leaves theirs.
     """
+    if budget is not None:
+        with _budgeted(mode, budget, search_budgets):
+            yield
+        return
+    if mode is None:
+        raise TypeError("memprof.remat.enable needs a mode ('light' or 'all') or budget=")
     _check(mode)
 
     def transform(fn: Any, gm: Any, joint_inputs: Any, kwargs: dict[str, Any]) -> Any:
@@ -137,3 +154,49 @@ def enable(mode: str) -> Iterator[None]:
     finally:
         with _lock:
             _modes.remove(mode)
+
+
+@contextlib.contextmanager
+def _budgeted(mode: str | None, budget: str | float, search: Sequence[float] | None) -> Iterator[None]:
+    """`enable(mode, budget=...)`: the budget (and the pass, where the plan chose it) inside the block."""
+    from memprof.analysis.units import parse_budget
+    from memprof.torch_hooks.budget import budget_set, budget_set_by_memprof
+
+    if mode is not None:
+        _check(mode)
+    value = parse_budget(budget) if isinstance(budget, str) else budget
+    if isinstance(value, bool) or not isinstance(value, float | int) or not (
+            0.0 <= value <= 1.0 if isinstance(value, float) else value > 0):
+        raise ValueError(f"budget={budget!r}: a ratio in [0, 1] (0.05), or a size more than 0 bytes ('24GB', or an "
+                         "int of bytes)")
+    if budget_set_by_memprof():  # memprof's command chose this process's configuration
+        yield
+        return
+    if isinstance(value, float):  # a ratio: stock at it, or the pass at it
+        with budget_set(value), (enable(mode) if mode else contextlib.nullcontext()):
+            yield
+        return
+    from memprof.console import say
+    from memprof.fit import DEFAULT_BUDGETS, plan
+
+    config = plan(_running_script(), sys.argv[1:], value, mode, tuple(search or DEFAULT_BUDGETS),
+                  asked="memprof.remat.enable(budget=...)")
+    pinned = ", ".join([*([repr(config.remat)] if config.remat else []), f"budget={config.budget:g}"])
+    say(f"memprof: to run it again without the search: memprof.remat.enable({pinned})")
+    with budget_set(config.budget), (enable(config.remat) if config.remat else contextlib.nullcontext()):
+        yield
+
+
+def _running_script() -> str:
+    """The script this process runs as `python SCRIPT ARGS` (a budget in bytes is planned by starting
+    it again)."""
+    import __main__
+    from memprof.errors import MemprofError
+
+    path = getattr(__main__, "__file__", None)  # (`python -m pkg`: a module, not a script started again)
+    if (not path or not str(path).endswith(".py") or getattr(__main__, "__spec__", None) is not None
+            or not sys.argv or not sys.argv[0] or Path(sys.argv[0]).resolve() != Path(path).resolve()):
+        raise MemprofError("enable(budget=SIZE) plans by starting this script again as `python SCRIPT ARGS`: call "
+                           "it from a script run that way, or run `memprof fit SCRIPT --memory SIZE` and set the "
+                           "budget and mode it prints")
+    return str(Path(path).resolve())
