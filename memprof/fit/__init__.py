@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from memprof.analysis.labels import CATEGORIES
 from memprof.errors import MemprofError
 from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, next_to_verify, smallest, suggestions
-from memprof.fit.scale import ScaleResult, answer, bisect, scale_dir, with_value
+from memprof.fit.scale import Probe, ScaleResult, answer, bisect, probe, scale_dir, with_value
 
 if TYPE_CHECKING:
     from memprof.sweep.result import Sweep
@@ -170,23 +170,46 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
               budgets: Sequence[float], modes: Sequence[str], out: Path, jobs: int = 1, timeout: float | None = None,
               progress: Callable[[object], None] | None = None) -> ScaleResult:
     """The largest value of `template` (an argument with `{}`) whose best configuration is predicted
-    to fit, by bisection over `values` (`memprof.fit.scale`), then verified by one run."""
+    to fit, by bisection over `values` (`memprof.fit.scale`), then verified by a run; a run over the
+    limit tries the next configuration with room for the overhead it measured, then the next value
+    down (MAX_VERIFY runs at most)."""
     from memprof.sweep.manifest import prepare_dir
 
+    predicted: dict[int, list[Candidate]] = {}
+
     def predict(value: int) -> list[Candidate]:
-        sub = scale_dir(out, value)
-        prepare_dir(sub, True)
-        return _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs, timeout,
-                          progress)[0]
+        if value not in predicted:
+            sub = scale_dir(out, value)
+            prepare_dir(sub, True)
+            predicted[value] = _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs,
+                                          timeout, progress)[0]
+        return predicted[value]
 
     result = ScaleResult(template, list(values), limit, bisect(values, predict, limit))
     result.answer = answer(result.probes)
-    if result.answer is not None and result.answer.choice is not None:
-        v = result.answer.value
-        measured = _verify(script, with_value(args, template, v), result.answer.choice.config, scale_dir(out, v), 1,
+    value = result.answer.value if result.answer is not None and result.answer.choice is not None else None
+    tried: set[tuple[int, Config]] = set()
+    runs = 0
+    while value is not None and runs < MAX_VERIFY:
+        cands = predict(value)
+        cand = next_to_verify(cands, limit, [m for _v, m in result.over],
+                              {c for v, c in tried if v == value})
+        if cand is None:  # nothing left here with room for the measured overhead: the next value down
+            value = max((v for v in values if v < value), default=None)
+            if value is not None and all(p.value != value for p in result.probes):
+                result.probes.append(probe(value, predict(value), limit))
+            continue
+        tried.add((value, cand.config))
+        runs += 1
+        measured = _verify(script, with_value(args, template, value), cand.config, scale_dir(out, value), runs,
                            timeout, progress)
-        result.measured = None if isinstance(measured, str) else measured
-        result.failed = [measured] if isinstance(measured, str) else []
+        if isinstance(measured, str):
+            result.failed.append(measured)
+            continue
+        result.answer, result.measured = Probe(value, cand, smallest(cands)), measured
+        if measured.within(limit):
+            return result
+        result.over.append((value, measured))
     return result
 
 

@@ -75,13 +75,12 @@ def reserved_overhead(runs: Sequence[Measured]) -> int:
 
 
 def next_to_verify(candidates: Sequence[Candidate], limit: int, runs: Sequence[Measured],
-                   tried: Collection[Config] = ()) -> Candidate | None:
-    """The preferred configuration not run (nor `tried`) yet that is predicted to fit with the reserved overhead
-    the runs so far measured (`reserved_overhead`): a run over the limit in reserved bytes rules out
+                   tried: Collection[Config]) -> Candidate | None:
+    """The preferred configuration not `tried` yet that is predicted to fit with the reserved overhead
+    the `runs` so far measured (`reserved_overhead`): a run over the limit in reserved bytes rules out
     the next ones that would be over by as much, so they are not run only to be refused."""
-    done = {*tried, *(m.config for m in runs)}
     room = limit - reserved_overhead(runs)
-    return next((c for c in fitting(candidates, limit) if c.config not in done and (c.peak or 0) <= room), None)
+    return next((c for c in fitting(candidates, limit) if c.config not in tried and (c.peak or 0) <= room), None)
 
 
 def smallest(candidates: Sequence[Candidate]) -> Candidate | None:

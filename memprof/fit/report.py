@@ -144,12 +144,18 @@ def format_scale(r: ScaleResult, command: list[str]) -> str:
         return "\n".join(lines)
     lines.insert(0, ("FITS" if m.within(r.limit) else "OVER THE LIMIT WHEN RUN") +
                  f": {r.template.replace('{}', str(value))} at {choice.config.label}")
+    for v, over in r.over:
+        if over is not m:
+            lines.append(f"  run at {v} ({over.config.label}): {fmt_bytes(max(over.peak, over.reserved_peak or 0))}, "
+                         "over the limit: the next configuration or value down ran")
     lines.append(f"  run at {value}:")
     lines += ["  " + x for x in _proof(r.limit, m, choice)]
     higher = [v for v in r.values if v > value]
     if higher:
-        lines.append(f"  the next value, {higher[0]}, " + ("was predicted over the limit" if any(
-            p.value == higher[0] for p in r.probes) else "lies above a value predicted over the limit"))
+        ran_over = any(v == higher[0] for v, _m in r.over)
+        lines.append(f"  the next value, {higher[0]}, " + ("ran over the limit" if ran_over else
+                     "was predicted over the limit" if any(p.value == higher[0] for p in r.probes)
+                     else "lies above a value predicted over the limit"))
     argv = [*choice.config.trace_options(), *with_value(command, r.template, value)]
     lines.append(f"  run it:  memprof trace {shlex.join(argv)}")
     return "\n".join(lines)
@@ -165,6 +171,8 @@ def scale_json(r: ScaleResult) -> dict[str, Any]:
         "measured_peak_bytes": m.peak if m is not None else None,
         "measured_reserved_bytes": m.reserved_peak if m is not None else None,
         "probes": [_probe(p) for p in sorted(r.probes, key=lambda p: p.value)],
+        "runs_over_limit": [{"value": v, **m.config.to_json(), "peak_bytes": m.peak,
+                             "reserved_peak_bytes": m.reserved_peak} for v, m in r.over],
     }
 
 

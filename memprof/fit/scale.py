@@ -74,6 +74,7 @@ class ScaleResult:
     answer: Probe | None = None  # the largest value whose choice fits (by prediction)
     measured: Measured | None = None  # the answer's verifying run
     failed: list[str] = field(default_factory=list)  # why that run left no figures
+    over: list[tuple[int, Measured]] = field(default_factory=list)  # runs over the limit, (value, run), in order
 
     @property
     def fits(self) -> bool:
@@ -87,14 +88,17 @@ def bisect(values: Sequence[int], predict: Callable[[int], list[Candidate]], lim
     probes: list[Probe] = []
     while lo <= hi:
         mid = (lo + hi) // 2
-        cands = predict(values[mid])
-        fits = fitting(cands, limit)
-        probes.append(Probe(values[mid], fits[0] if fits else None, smallest(cands)))
-        if fits:
+        probes.append(probe(values[mid], predict(values[mid]), limit))
+        if probes[-1].choice is not None:
             lo = mid + 1
         else:
             hi = mid - 1
     return probes
+
+
+def probe(value: int, candidates: Sequence[Candidate], limit: int) -> Probe:
+    fits = fitting(candidates, limit)
+    return Probe(value, fits[0] if fits else None, smallest(candidates))
 
 
 def answer(probes: Sequence[Probe]) -> Probe | None:

@@ -107,13 +107,51 @@ def test_a_run_over_in_reserved_bytes_rules_out_the_next_ones_over_by_as_much() 
     cands = [_candidate(0.2, None, 3_800), _candidate(0.2, "light", 3_700), _candidate(0.1, None, 3_600),
              _candidate(0.05, "light", 3_300), _candidate(0.0, "light", 3_000)]
     limit = 5_000
-    assert next_to_verify(cands, limit, []) == cands[0]
+    assert next_to_verify(cands, limit, [], set()) == cands[0]
     first = Measured(Config(0.2), 4_800, 5_400, 3_800, 1_000, 10.0, "verify-1.memprof")
-    assert next_to_verify(cands, limit, [first]) == cands[3]  # 600 B of overhead: 4,300 + 600 fits
-    assert next_to_verify(cands, limit, [first], tried={Config(0.05, "light")}) == cands[4]
+    ran = {Config(0.2)}
+    assert next_to_verify(cands, limit, [first], ran) == cands[3]  # 600 B of overhead: 4,300 + 600 fits
+    assert next_to_verify(cands, limit, [first], {*ran, Config(0.05, "light")}) == cands[4]
     broken = Measured(Config(0.2), 4_800, 9_000, 3_800, 1_000, None, "x", error="out of memory")
-    assert next_to_verify(cands, limit, [broken]) == cands[1]  # a failed run measured no overhead
+    assert next_to_verify(cands, limit, [broken], ran) == cands[1]  # a failed run measured no overhead
     second = Measured(Config(0.05, "light"), 4_300, 4_900, 3_300, 1_000, 11.0, "verify-2.memprof")
     text = format_fit(FitResult(limit, "cuda", cands, [first, second], choice=second))
     assert "FITS: budget 0.05 with --remat light" in text
     assert "not run: 2 preferred configuration(s)" in text and "within 600 B of it" in text
+
+
+def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bisection's answer is a prediction of allocated bytes; its run can exceed the limit in
+    reserved bytes. Then the next configuration with room for the measured overhead runs, and where
+    none is left, the next value down (predicted first if the bisection never probed it)."""
+    import memprof.fit as fit_mod
+    from memprof.fit.plan import Measured
+    from memprof.fit.report import format_scale, scale_json
+
+    def predicted(script: str, args: list[str], *_a: object) -> tuple[list[Candidate], str]:
+        n = int(args[-1].split("=")[1])  # the batch: 100 B of step per sample, over 1,000 resident
+        return [Candidate(Config(1.0), 100 * n, 1_000), Candidate(Config(0.0, "light"), 60 * n, 1_000)], "cuda"
+
+    runs: list[tuple[int, Config]] = []
+
+    def verify(script: str, args: list[str], config: Config, *_a: object) -> Measured:
+        n = int(args[-1].split("=")[1])
+        runs.append((n, config))
+        step = (100 if config.remat is None else 60) * n
+        return Measured(config, 1_000 + step, 1_000 + step + 500, step, 1_000, 1.0, f"run{len(runs)}.memprof")
+
+    monkeypatch.setattr(fit_mod, "_predicted", predicted)
+    monkeypatch.setattr(fit_mod, "_verify", verify)
+    r = fit_mod.fit_scale("train.py", [], "--batch={}", [4, 8, 16, 32, 64], 3_000, [0.0, 1.0], ["light"], tmp_path)
+    # predicted: batch 32 fits light (2,920), 64 does not; each run has 500 B of reserved overhead:
+    # 32 at light runs over (3,420) and no other configuration at 32 fits; at 16, stock (2,600) has
+    # no room for the 500 B, light (1,960) has: it runs, under the limit
+    assert runs == [(32, Config(0.0, "light")), (16, Config(0.0, "light"))]
+    assert r.fits and r.answer is not None and r.answer.value == 16 and r.measured is not None
+    assert [v for v, _m in r.over] == [32]
+    text = format_scale(r, ["train.py"])
+    assert text.startswith("FITS: --batch=16 at budget 0 with --remat light")
+    assert "run at 32 (budget 0 with --remat light): 3.4 kB, over the limit" in text
+    assert "the next value, 32, ran over the limit" in text
+    assert [o["value"] for o in scale_json(r)["runs_over_limit"]] == [32]
