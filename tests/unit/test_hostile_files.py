@@ -352,7 +352,7 @@ def test_error_lines_are_bounded_and_escaped(tmp_path: Path) -> None:
 # -- the fuzz test -------------------------------------------------------------------------------
 
 _FUZZ = r'''
-import io, json, random, resource, sys, time, zipfile
+import io, json, os, random, resource, sys, tempfile, time, zipfile
 import memprof
 from memprof.errors import MemprofError
 from memprof.reporters import render
@@ -365,8 +365,9 @@ with zipfile.ZipFile(src) as zf:
     infos = zf.infolist()
 
 def attempt(blob):
-    path = "/tmp/memprof-fuzz-%d.memprof" % id(blob)
-    open(path, "wb").write(blob)
+    fd, path = tempfile.mkstemp(prefix="memprof-fuzz-", suffix=".memprof")
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(blob)
     t0 = time.perf_counter()
     try:
         cap = memprof.load(path)
@@ -381,6 +382,8 @@ def attempt(blob):
         text = str(exc)
         assert "\n" not in text and len(text) < 400, text
         outcome = "refused"
+    finally:
+        os.unlink(path)
     return outcome, time.perf_counter() - t0
 
 def rezip(changed):
