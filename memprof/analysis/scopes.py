@@ -77,32 +77,96 @@ def pair(kinds: Sequence[int], scopes: Sequence[int]) -> list[Pair]:
     return out
 
 
+def _level_pairs(is_begin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Pairs by nesting depth alone: each begin with the next event at its depth (begin index, end
+    index or -1, depth, has an end); None where an end would take the depth below zero."""
+    n = len(is_begin)
+    after = np.cumsum(np.where(is_begin, 1, -1))
+    if n and int(after.min()) < 0:
+        return None
+    # A begin at depth d and the end that brings the depth back to d are consecutive among the
+    # events at level d (no other begin at d can come between them), so pairs are neighbours.
+    level = np.where(is_begin, after - 1, after)
+    order = np.argsort(level.astype(np.int16) if n and int(level.max()) < 2**15 else level, kind="stable")
+    lv, ib = level[order], is_begin[order]
+    at = np.flatnonzero(ib)
+    nxt = np.minimum(at + 1, n - 1)
+    has_end = (at + 1 < n) & (lv[nxt] == lv[at]) & ~ib[nxt]
+    return order[at], np.where(has_end, order[nxt], -1), lv[at].astype(np.int64), has_end
+
+
 def pair_arrays(kinds: np.ndarray, scopes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """`pair` in columns: begin index, end index (-1: open), depth and closed of each scope, in no
-    particular order. Where every end closes the innermost open scope (the events of a real
-    capture), the pairs come from the nesting depth alone, without a loop over the events; else
-    (ends missing or unmatched) from `pair` itself, so both give the rule's pairs."""
-    n = len(kinds)
+    particular order, without a loop over the events where they are what captures hold: every
+    end closes the innermost open scope (pairs by depth alone), except begins whose end was never
+    recorded (Dynamo's `*_data` scopes during a compile), which the rule closes with the end of the
+    scope around them. Those are found in a few passes (a pass takes out the innermost begins paired
+    with an end of another id) and checked to be that case; anything else (stray ends) goes to
+    `pair` itself, so both give the rule's pairs."""
     is_begin = np.asarray(kinds) == Kind.SCOPE_BEGIN
-    after = np.cumsum(np.where(is_begin, 1, -1))
-    if n and int(after.min()) >= 0:
-        # A begin at depth d and the end that brings the depth back to d are consecutive among the
-        # events at level d (no other begin at d can come between them), so pairs are neighbours.
-        level = np.where(is_begin, after - 1, after)
-        order = np.argsort(level, kind="stable")
-        lv, ib = level[order], is_begin[order]
-        at = np.flatnonzero(ib)
-        nxt = np.minimum(at + 1, n - 1)
-        has_end = (at + 1 < n) & (lv[nxt] == lv[at]) & ~ib[nxt]
-        begins, ends = order[at], np.where(has_end, order[nxt], -1)
-        scopes = np.asarray(scopes)
-        if np.array_equal(scopes[begins[has_end]], scopes[ends[has_end]]):
-            return begins.astype(np.int64), ends.astype(np.int64), lv[at].astype(np.int64), has_end
+    scopes = np.asarray(scopes)
+    keep = np.ones(len(is_begin), bool)
+    removed: list[np.ndarray] = []
+    partners: list[np.ndarray] = []
+    for _ in range(_REPAIR_PASSES):
+        idx = np.flatnonzero(keep)
+        found = _level_pairs(is_begin[idx])
+        if found is None:
+            break
+        b, e, _depth, has_end = found
+        bad = np.flatnonzero(has_end & (scopes[idx[b]] != scopes[idx[np.maximum(e, 0)]]))
+        if not len(bad):
+            out = _with_unended(is_begin, idx, found, np.concatenate([np.zeros(0, np.int64), *removed]),
+                                np.concatenate([np.zeros(0, np.int64), *partners]), scopes)
+            if out is not None:
+                return out
+            break
+        bad = bad[np.argsort(b[bad])]
+        inner = bad[np.append(b[bad][1:] > e[bad][:-1], True)]  # no mismatched pair inside it
+        keep[idx[b[inner]]] = False
+        removed.append(idx[b[inner]])
+        partners.append(idx[e[inner]])
     cols: list[list[int]] = [[], [], [], [], []]
-    left, _ = _run(np.asarray(kinds).tolist(), np.asarray(scopes).tolist(), cols)
-    depth = list(range(len(left)))
+    left, _ = _run(np.asarray(kinds).tolist(), scopes.tolist(), cols)
     return (np.asarray(cols[0] + left, np.int64), np.asarray(cols[1] + [-1] * len(left), np.int64),
-            np.asarray(cols[3] + depth, np.int64), np.asarray(cols[4] + [0] * len(left), bool))
+            np.asarray(cols[3] + list(range(len(left))), np.int64), np.asarray(cols[4] + [0] * len(left), bool))
+
+
+_REPAIR_PASSES = 8  # nestings of begins without an end that the columns take out; deeper ones run `pair`
+
+
+def _with_unended(is_begin: np.ndarray, idx: np.ndarray, found: tuple[np.ndarray, ...], unended: np.ndarray,
+                  partners: np.ndarray, scopes: np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """The rule's pairs from the pairs `found` of the events `idx` (all but the begins `unended`):
+    an unended begin is closed, not by its own end, by the end of the innermost scope around it,
+    which must be the end it was paired with when taken out (`partners`) and of another id; it
+    stays on the stack until then, so the scopes that begin meanwhile are one deeper. None where
+    that does not hold."""
+    b, e, depth, has_end = found
+    begin, end = idx[b], np.where(e >= 0, idx[np.maximum(e, 0)], -1)
+    if not len(unended):
+        return begin.astype(np.int64), end.astype(np.int64), depth, has_end
+    # the kept scopes open at each unended begin, and the innermost of them: the last kept begin
+    # before it one level out (kept scopes nest properly)
+    level = np.concatenate([[0], np.cumsum(np.where(is_begin[idx], 1, -1))])[np.searchsorted(idx, unended)]
+    span = len(scopes) + 1
+    keys = depth * span + begin
+    order = np.argsort(keys)
+    j = np.searchsorted(keys[order], (level - 1) * span + unended) - 1
+    parent = order[np.maximum(j, 0)]
+    if np.any(level < 1) or np.any(j < 0) or np.any(depth[parent] != level - 1):
+        return None
+    closer = end[parent]
+    if np.any(closer != partners) or np.any(scopes[begin[parent]] == scopes[unended]):
+        return None
+    cover = np.zeros(span, np.int64)  # unended scopes on the stack, by event index
+    np.add.at(cover, unended + 1, 1)
+    np.add.at(cover, closer, -1)
+    cover = np.cumsum(cover)
+    return (np.concatenate([begin, unended]).astype(np.int64), np.concatenate([end, closer]).astype(np.int64),
+            np.concatenate([depth + cover[begin], level + cover[unended]]),
+            np.concatenate([has_end, np.zeros(len(unended), bool)]))
 
 
 @dataclass(frozen=True)
