@@ -70,6 +70,7 @@ class Capture:
         self.carried: list[CarriedBlock] = carried if carried is not None else []
         """Where each block carried into a step window or a ring was allocated (its scopes)."""
         self._labels: dict[str, Labels] = {}
+        self._gc_freed: dict[str, np.ndarray] = {}
         self.strings: list[str] = strings if strings is not None else [""]
         self.meta: dict[str, Any] = meta if meta is not None else {}
         self.threads: list[dict[str, Any]] = threads if threads is not None else []
@@ -304,7 +305,12 @@ class Capture:
     def gc_freed(self, device: str | None = None) -> np.ndarray:
         """Timeline positions (`timeline(device)`) of the frees Python's cyclic garbage collector made
         during the capture: tensors that lived in reference cycles (`timeline.gc_freed_positions`)."""
-        return gc_freed_positions(self.raw, self.timeline(device), self.strings)
+        device = device or self.main_device
+        if device not in self._gc_freed:
+            freed = gc_freed_positions(self.raw, self.timeline(device), self.strings)
+            freed.setflags(write=False)
+            self._gc_freed[device] = freed
+        return self._gc_freed[device]
 
     def live_at_peak(self, device: str | None = None) -> list[LiveAllocation]:
         """The live set at the device's peak: each live allocation with bytes, time and scope."""

@@ -207,9 +207,6 @@ class ScopeIndex:
         """Rows of the scope events on `thread`, in order."""
         return self._rows.get(thread, np.zeros(0, np.int64))
 
-    def _pairs(self, rows: np.ndarray) -> list[Pair]:
-        return pair(self.raw["kind"][rows].tolist(), self.raw["scope"][rows].tolist())
-
     def stack_at(self, row: int, fallback_thread: int | None = None) -> list[int]:
         """Open scope ids (outermost first) on the thread of event `row`, just before it.
 
@@ -270,9 +267,12 @@ class ScopeIndex:
         for thread in self.threads:
             rows = self.rows_on(thread)
             rows = rows[np.isin(raw["scope"][rows], ids)]
-            for p in self._pairs(rows):
-                if p.depth == 0:
-                    out.append((thread, int(rows[p.begin]), int(rows[p.end]) if p.end >= 0 else len(raw), p.scope))
+            b, e, depth, _closed = pair_arrays(raw["kind"][rows], raw["scope"][rows])
+            top = depth == 0
+            begins = rows[b[top]]
+            ends = np.where(e[top] >= 0, rows[np.maximum(e[top], 0)], len(raw))
+            out += zip([thread] * len(begins), begins.tolist(), ends.tolist(), raw["scope"][begins].tolist(),
+                       strict=True)
         out.sort(key=lambda x: (x[0], x[1]))
         return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 from memprof.analysis.sizes import SizeFunction, size_function, solve_symbolic_sizes, split_top, static_bytes
 
@@ -240,9 +240,11 @@ def _classify(no: int, stmt: str, dels: tuple[str, ...]) -> Line:
     return Line(no, "other", dels=dels)
 
 
-def lex(source: str) -> list[Line]:
+@lru_cache(maxsize=16)
+def lex(source: str) -> tuple[Line, ...]:
     """The lines of the wrapper's `call` (none when it has no Python `call`), classified; a
-    statement is read up to its first `;`, a `del` anywhere on the line."""
+    statement is read up to its first `;`, a `del` anywhere on the line. Kept for the last few
+    wrappers: the join and memprof's estimate read the same ones."""
     out: list[Line] = []
     for no, text in _call_body(source):
         if text.startswith("#"):
@@ -255,7 +257,7 @@ def lex(source: str) -> list[Line]:
             continue
         dels = tuple(n.strip() for d in _DEL.finditer(text) for n in d.group(1).split(","))
         out.append(_classify(no, text.split(";")[0].strip(), dels))
-    return out
+    return tuple(out)
 
 
 def _unsupported(source: str) -> list[str]:
