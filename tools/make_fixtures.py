@@ -5,6 +5,7 @@
     python tools/make_fixtures.py --zoo      # on the CPU: gpt2_bf16_cpu.memprof
     python tools/make_fixtures.py --blocks   # on a GPU machine: gqa_blocks_cuda.memprof
     python tools/make_fixtures.py --snapshot # on a GPU machine: tiny_snapshot_cuda.pickle (+ .json)
+    python tools/make_fixtures.py --remat    # on the CPU: llama_remat_cpu.memprof
 
 A two-layer MLP compiled with Inductor, three AdamW steps, so that each file has every member
 (events, strings, threads, plans, wrapper sources; on CUDA also the allocator tracker's reserved
@@ -21,6 +22,10 @@ sweep's step peak and memprof's estimate (tests/unit/test_zoo_estimate.py).
 compiled-graph scopes only, to keep the file small) on the GPU, from the process's start: the
 caching allocator hands whole blocks to some requests there, so the tests of its model
 (tests/unit/test_caching_allocator.py) replay every block and the estimate's count of them.
+
+`--remat` traces the bundled Llama (`examples/train_llama.py`) with `--remat light --budget 0.05`
+(compiled-graph scopes only, to keep the file small), for the tests of what the HTML report shows of
+a plan and the remat pass's report (tests/integration/test_html.py).
 
 `--snapshot` is not memprof's: it is what a user brings, `torch.cuda.memory._dump_snapshot` of the
 same MLP's three steps with the allocator's history on from before the model was made (Python
@@ -93,6 +98,7 @@ if __name__ == "__main__":
     p.add_argument("--zoo", action="store_true", help="the bf16 GPT-2 fixture (CPU)")
     p.add_argument("--blocks", action="store_true", help="the GQA decoder's caching-allocator fixture (needs a GPU)")
     p.add_argument("--snapshot", action="store_true", help="a real _dump_snapshot of the MLP (needs a GPU)")
+    p.add_argument("--remat", action="store_true", help="the bundled Llama under --remat light (CPU)")
     ns = p.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     if ns.snapshot:
@@ -106,6 +112,13 @@ if __name__ == "__main__":
         subprocess.run([sys.executable, "-m", "memprof", "trace", "-o", str(out), "--force", "--scopes", "graphs",
                         "--budget", "0.05", "--", str(script), "--full", "--layers", "2", "--batch", "1",
                         "--steps", "4"], check=True)
+        print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+        raise SystemExit(0)
+    if ns.remat:
+        out = OUT / "llama_remat_cpu.memprof"
+        script = OUT.parents[1] / "examples" / "train_llama.py"
+        subprocess.run([sys.executable, "-m", "memprof", "trace", "-o", str(out), "--force", "--scopes", "graphs",
+                        "--remat", "light", "--budget", "0.05", "--", str(script), "--steps", "3"], check=True)
         print(f"wrote {out} ({out.stat().st_size:,} bytes)")
         raise SystemExit(0)
     if ns.zoo:

@@ -13,6 +13,7 @@ from typing import IO, Any
 
 from memprof.analysis.labels import CATEGORIES
 from memprof.analysis.oom import format_oom, oom_reports
+from memprof.analysis.plan_view import plan_detail
 from memprof.analysis.summary import main_first, summarize
 from memprof.analysis.view import MAX_ITEMS, MAX_POINTS, device_view, step_bands
 from memprof.capture import Capture
@@ -76,6 +77,7 @@ def page_data(cap: Capture, max_points: int = MAX_POINTS, max_items: int = MAX_I
         tl = cap.timeline(d)
         views.append(device_view(tl, cap.labels(d), raw, t0, step_bands(tl, t0, cap.steps(d)), max_points, max_items))
     return {"summary": summarize(cap).to_json(), "devices": views, "category_names": list(CATEGORIES),
+            "plan_details": [plan_detail(p) for p in cap.plans],
             "category_colors": CATEGORY_COLORS,
             "generator": f"memprof {cap.meta.get('memprof_version', '')}"}
 

@@ -142,3 +142,53 @@ def test_a_distributed_runs_page_has_a_tab_per_rank(tmp_path: Path) -> None:
         driver.save_screenshot(str(tmp_path / "run.png"))
     finally:
         driver.quit()
+
+
+def test_a_plans_detail_adds_up_and_names_what_the_remat_pass_saved() -> None:
+    """The page's plan detail (pure): saved values listed and summed, by layer and in total, to the
+    summary's saved bytes; the pass's added layer boundaries are among the saved values, with bytes."""
+    from memprof.analysis.plan_view import plan_detail
+    from memprof.analysis.summary import plan_summary
+
+    cap = memprof.load(FIXTURES / "llama_remat_cpu.memprof")
+    (plan,) = cap.plans
+    d = plan_detail(plan, top=5)
+    assert d["saved_bytes"] == plan_summary(plan).saved_bytes == 539_392  # the text report: 539.4 kB
+    assert sum(v["bytes"] for v in d["saved"]) + d["saved_rest"]["bytes"] == d["saved_bytes"]
+    assert len(d["saved"]) == 5 and d["saved_rest"]["count"] == len(plan.saved) - 5
+    assert [v["bytes"] for v in d["saved"]] == sorted((v["bytes"] for v in d["saved"]), reverse=True)
+    assert sum(r["saved_bytes"] for r in d["by_layer"]) == d["saved_bytes"]
+    assert sum(r["recomputed"] for r in d["by_layer"]) == len(plan.recomputed)
+    layers = [r["layer"] for r in d["by_layer"]]
+    numbered = [x for x in layers if x.startswith("layers.")]
+    assert numbered == sorted(numbered, key=lambda x: int(x.split(".")[1]))  # model order, not text order
+    remat = d["remat"]
+    assert remat is not None and remat["mode"] == "light" and remat["saved_added"]
+    assert {v["name"] for v in remat["saved_added"]} <= set(plan.saved)
+    assert all(v["bytes"] and v["layer"] for v in remat["saved_added"])
+    assert plan_detail(memprof.load(FIXTURES / "tiny_compiled.memprof").plans[0])["remat"] is None
+
+
+@pytest.mark.browser
+def test_the_plans_section_shows_each_plan_and_the_remat_pass(tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+
+    cap = memprof.load(FIXTURES / "llama_remat_cpu.memprof")
+    page = tmp_path / "remat.html"
+    _export(FIXTURES / "llama_remat_cpu.memprof", page)
+    driver = _driver()
+    try:
+        _open(driver, page)
+        box = driver.find_element(By.ID, "plan-0")
+        box.find_element(By.TAG_NAME, "summary").click()
+        from memprof.analysis.summary import plan_summary
+
+        assert int(box.get_attribute("data-saved-bytes")) == plan_summary(cap.plans[0]).saved_bytes
+        foot = box.find_elements(By.CSS_SELECTOR, "tfoot td")
+        assert foot[-1].text.replace(",", "") == str(plan_summary(cap.plans[0]).saved_bytes)
+        remat = driver.find_element(By.ID, "remat-0")
+        assert "memprof's remat pass (light, applied)" in remat.text and "layer boundaries saved:" in remat.text
+        driver.execute_script("arguments[0].scrollIntoView()", box)
+        driver.save_screenshot(str(tmp_path / "plans.png"))
+    finally:
+        driver.quit()

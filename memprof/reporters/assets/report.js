@@ -302,13 +302,71 @@
   $("to-peak").addEventListener("click", () => { selected = dev.points.pos.indexOf(dev.peak_pos); draw(); table(); });
 
   // ------------------------------------------------------------------------------ plans, steps
+  function simpleTable(head, rows, foot) {  // head: [label, numeric?]; rows and foot: cell texts
+    const t = el("table"), th = el("thead"), hr = el("tr"), tb = el("tbody");
+    head.forEach(([h, num]) => hr.append(el("th", num ? {class: "num"} : {}, h)));
+    th.append(hr);
+    t.append(th, tb);
+    const row = (cells, cls) => {
+      const tr = el("tr", cls ? {class: cls} : {});
+      cells.forEach((c, k) => tr.append(el("td", head[k][1] ? {class: "num"} : {class: "mono", title: String(c)}, String(c))));
+      return tr;
+    };
+    for (const r of rows) tb.append(row(r.cells, r.cls));
+    if (foot) { const tf = el("tfoot"); tf.append(row(foot)); t.append(tf); }
+    return t;
+  }
+  function planDetail(d) {
+    // what the partitioner saved and recomputed, by layer and by value, and what memprof's pass changed
+    const box = el("details", {class: "plan", id: `plan-${d.index}`, "data-saved-bytes": String(d.saved_bytes)});
+    box.append(el("summary", {}, `plan ${d.index}: saved ${fmt(d.saved_bytes)}, recomputed ${fmt(d.recomputed_bytes)}` +
+      (d.remat ? ` · remat ${d.remat.mode}: ${d.remat.saved_added.length} layer boundaries saved` : "")));
+    const byLayer = el("div", {class: "scroll short"});
+    byLayer.append(el("h3", {}, "by layer"), simpleTable(
+      [["layer"], ["saved", 1], ["values", 1], ["recomputed", 1], ["nodes", 1]],
+      d.by_layer.map((r) => ({cells: [r.layer, exact(r.saved_bytes), r.saved, exact(r.recomputed_bytes), r.recomputed]})),
+      ["total", exact(d.saved_bytes), d.by_layer.reduce((a, r) => a + r.saved, 0), exact(d.recomputed_bytes),
+        d.by_layer.reduce((a, r) => a + r.recomputed, 0)]));
+    const values = el("div", {class: "scroll short"});
+    const added = new Set(d.remat ? d.remat.saved_added.map((v) => v.name) : []);
+    const rows = d.saved.map((v) => ({cells: [v.name + (added.has(v.name) ? " (remat)" : "") + (v.mask ? " (mask)" : ""),
+      v.target, v.layer, (v.shape || []).join("×"), v.bytes === null ? "symbolic" : exact(v.bytes)]}));
+    if (d.saved_rest.count) rows.push({cls: "rest", cells: [`(${d.saved_rest.count} smaller values)`, "", "", "", exact(d.saved_rest.bytes)]});
+    values.append(el("h3", {}, "saved values, largest first"), simpleTable(
+      [["node"], ["op"], ["layer"], ["shape"], ["bytes", 1]], rows, ["total", "", "", "", exact(d.saved_bytes)]));
+    box.append(byLayer, values);
+    if (d.saved_symbolic) box.append(el("div", {class: "hint"}, `${d.saved_symbolic} saved values have symbolic sizes (dynamic shapes): not in the bytes`));
+    if (d.recomputed_random.length) box.append(el("div", {class: "caveat"}, `redrawn in the backward: ${d.recomputed_random.join(", ")}`));
+    const r = d.remat;
+    if (r) {
+      const lines = [r.summary,
+        r.start_budget !== null ? `started from budget ${r.start_budget}'s stock saved set` : "",
+        r.stock_saved_bytes !== null && r.saved_bytes !== null ? `saved activations (graph inputs aside) ${fmt(r.stock_saved_bytes)} (stock) -> ${fmt(r.saved_bytes)}` : "",
+        r.estimate_before !== null && r.estimate_after !== null ?
+          `its FX-graph estimate of the pair's peak ${fmt(r.estimate_before)} -> ${fmt(r.estimate_after)}` : "",
+        r.saved_added.length ? `layer boundaries saved: ${r.saved_added.map((v) => `${v.name} (${v.layer}, ${v.bytes === null ? "?" : fmt(v.bytes)})`).join(", ")}` : "",
+        r.random_saved.length ? `random values saved instead of redrawn: ${r.random_saved.map((v) => v.name).join(", ")}` : "",
+        r.masks_saved.length ? `attention masks saved: ${r.masks_saved.map((v) => v.name).join(", ")}` : "",
+        `use-site edits: ${r.usesite_edits}${r.usesite_stopped ? ` (stopped: ${r.usesite_stopped})` : ""}`,
+        `the pass took ${r.seconds.toFixed(2)} s beside the partitioner's ${r.partition_seconds.toFixed(2)} s`,
+        ...r.notes];
+      const rb = el("div", {class: "remat", id: `remat-${d.index}`});
+      rb.append(el("h3", {}, `memprof's remat pass (${r.mode}, ${r.status})`));
+      for (const line of lines.filter((x) => x)) rb.append(el("div", {}, line));
+      box.append(rb);
+    }
+    return box;
+  }
   const plans = $("plans");
   if (!S.plans.length) plans.append(el("div", {class: "hint"}, "no compiled forward/backward pairs in this capture"));
+  const details = {};
+  for (const d of DATA.plan_details || []) details[d.index] = d;
   for (const p of S.plans) {
     plans.append(el("div", {}, `compile plan ${p.index} (${p.backend}, budget ${p.budget}): ${p.saved} saved values ` +
       `(${fmt(p.saved_bytes)}), ${p.recomputed} recomputed nodes, ${p.random_ops} random ops` +
       (p.recomputed_random.length ? `, ${p.recomputed_random.length} recomputed in the backward (redrawn)` : "") +
       (p.remat ? ` · ${p.remat}` : "")));
+    if (details[p.index]) plans.append(planDetail(details[p.index]));
   }
   for (const w of S.warnings || []) plans.append(el("div", {class: "caveat"}, w));
   const tabs = $("tabs");
