@@ -116,8 +116,8 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     """Predict every configuration, verify the preferred one that fits (up to MAX_VERIFY runs), or,
     when none is predicted to, run the smallest and say what would close the gap. `out` must be
     ready (`memprof.sweep.prepare_dir`)."""
-    candidates, device = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
-    result = FitResult(limit, device, candidates, command=[script, *args])
+    candidates, device, parameters = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
+    result = FitResult(limit, device, candidates, command=[script, *args], parameter_bytes=parameters)
 
     tried: set[Config] = set()
 
@@ -152,9 +152,9 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
 
 def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str], out: Path,
                jobs: int, timeout: float | None, progress: Callable[[object], None] | None
-               ) -> tuple[list[Candidate], str]:
-    """Every configuration predicted into `out` (its predictions kept as search.json), and the
-    device they ran on."""
+               ) -> tuple[list[Candidate], str, int | None]:
+    """Every configuration predicted into `out` (its predictions kept as search.json), the device
+    they ran on, and the bytes of the model's parameters there."""
     from memprof.sweep.manifest import record_files
     from memprof.sweep.runner import run_sweep
 
@@ -163,7 +163,9 @@ def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes
     record_files(out, "search.json")
     (out / "sweep.json").replace(out / "search.json")
     device = next((r.measured.device for r in search.runs if r.measured is not None), "cpu")
-    return _candidates(search), device
+    parameters = next((r.measured.parameter_bytes for r in search.runs if r.measured is not None
+                       and r.measured.parameter_bytes is not None), None)
+    return _candidates(search), device, parameters
 
 
 def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[int], limit: int,

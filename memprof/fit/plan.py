@@ -156,6 +156,7 @@ class FitResult:
     choice: Measured | None = None  # the preferred configuration whose run stayed under the limit
     suggestions: list[Suggestion] = field(default_factory=list)
     command: list[str] = field(default_factory=list)  # the script and its arguments
+    parameter_bytes: int | None = None  # the model's parameters on the device (from the search)
 
     @property
     def fits(self) -> bool:
@@ -163,3 +164,16 @@ class FitResult:
 
     def candidate(self, config: Config) -> Candidate | None:
         return next((c for c in self.candidates if c.config == config), None)
+
+
+def others(r: FitResult) -> list[tuple[str, int]]:
+    """What the usual answers would have said for this job, beside memprof's: a parameter-count
+    formula (Hugging Face accelerate's `estimate-memory` for training with Adam: four times the
+    parameters' bytes, no activations) and torch's default (activation_memory_budget 1.0, stock)."""
+    out = []
+    if r.parameter_bytes:
+        out.append(("parameters x 4 (accelerate estimate-memory, Adam training)", 4 * r.parameter_bytes))
+    default = r.candidate(Config(1.0))
+    if default is not None and default.peak is not None:
+        out.append(("torch's default budget (1.0, stock), predicted", default.peak))
+    return out

@@ -7,7 +7,7 @@ import shlex
 from typing import Any
 
 from memprof.analysis.units import fmt_bytes
-from memprof.fit.plan import Candidate, FitResult, Measured, fitting, preference, reserved_overhead, smallest
+from memprof.fit.plan import Candidate, FitResult, Measured, fitting, others, preference, reserved_overhead, smallest
 from memprof.fit.scale import Probe, ScaleResult, with_value
 
 
@@ -50,6 +50,13 @@ def _skipped(r: FitResult) -> list[str]:
             + (", ..." if len(skipped) > 3 else "") + ")"]
 
 
+def _others(r: FitResult) -> list[str]:
+    figures = others(r)
+    if not figures:
+        return []
+    return ["  beside it, " + "; ".join(f"{what}: {fmt_bytes(n)} ({n:,} B)" for what, n in figures)]
+
+
 def format_fit(r: FitResult) -> str:
     limit = f"{fmt_bytes(r.limit)} ({r.limit:,} B, {r.device})"
     predicted = [c for c in r.candidates if c.peak is not None]
@@ -71,6 +78,7 @@ def format_fit(r: FitResult) -> str:
                          "configuration timed is this one)")
         lines.append("  random ops: " + ("saved, never redrawn in the backward" if cand is None or
                                          cand.random_ops_saved else "REDRAWN in the backward"))
+        lines += _others(r)
         lines.append(f"  run it:  memprof trace {shlex.join([*m.config.trace_options(), *r.command])}")
         lines.append("  or in the script, before it compiles:")
         lines += [f"    {line}" for line in ["import torch, memprof" if m.config.remat else "import torch",
@@ -90,6 +98,7 @@ def format_fit(r: FitResult) -> str:
     for m in r.verified:
         lines.append(f"  run: {m.config.label}")
         lines += ["  " + x for x in _proof(r.limit, m, r.candidate(m.config))]
+    lines += _others(r)
     if r.suggestions:
         lines.append("  what would close the gap (from the capture of the smallest configuration):")
         lines += [f"    - {s.what} (about {fmt_bytes(s.saves)} less)" for s in r.suggestions]
@@ -116,6 +125,8 @@ def fit_json(r: FitResult) -> dict[str, Any]:
                       "reserved_peak_bytes": m.reserved_peak, "step_ms": m.step_ms, "capture": m.capture,
                       "within_limit": m.within(r.limit), "error": m.error} for m in r.verified],
         "suggestions": [{"what": s.what, "saves_bytes": s.saves} for s in r.suggestions],
+        "parameter_bytes": r.parameter_bytes,
+        "others": [{"what": what, "bytes": n} for what, n in others(r)],
         "failed_runs": r.failed,
     }
 

@@ -172,6 +172,9 @@ class Measured:
     # made before the next step (the optimizers' state, the cuBLAS workspaces on CUDA).
     # `resident + step_peak` is the process's peak in a step after the first
     resident: int | None = None
+    # predicted: the bytes of the live modules' parameters on the device (what parameter-count
+    # estimators start from: `memprof fit` prints theirs beside its own)
+    parameter_bytes: int | None = None
     # the spread of the measured steps' wall times (10th and 90th percentiles): the plot draws it
     step_ms_p10: float | None = None
     step_ms_p90: float | None = None

@@ -43,6 +43,7 @@ from memprof.torch_hooks.patch import Patches
 from memprof.torch_hooks.predict import (
     EagerRun,
     LazyKernel,
+    Resident,
     allocator_segments,
     cublas_workspace_bytes,
     eager_runs,
@@ -114,7 +115,7 @@ class _Book:
     # what a step starts from: the bytes allocated when the first compiled graph ran (on the device
     # the parameters live on), and those added before the next step: the optimizers' first-step
     # state and, on CUDA, the cuBLAS workspaces the first matrix multiply makes
-    resident: tuple[str, int] | None = None
+    resident: Resident | None = None
     state_bytes: int = 0
     workspaces: int = 0
 
@@ -133,8 +134,8 @@ class _Book:
             # another of the same size at its first matrix multiply (the real snapshot
             # tests/fixtures/tiny_snapshot_cuda.pickle shows both: one under the forward's call, one
             # under `_backward_impl`); no backward runs here, so it is counted as the forward's twin
-            self.workspaces = 2 * cublas_workspace_bytes() if self.resident[0] == "cuda" else 0
-            self.state_bytes = optimizer_state_bytes(self.resident[0]) + self.workspaces
+            self.workspaces = 2 * cublas_workspace_bytes() if self.resident.device == "cuda" else 0
+            self.state_bytes = optimizer_state_bytes(self.resident.device) + self.workspaces
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:
@@ -228,7 +229,7 @@ def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:
         return None
     if walk is not None and walk.steady_start is not None:
         return walk.steady_start + book.workspaces
-    return book.resident[1] + book.state_bytes
+    return book.resident.allocated + book.state_bytes
 
 
 def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], remat: str | None, result: Any,
@@ -267,7 +268,8 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
         at_peak=explained["estimate_at_peak"], peak_phase=explained["estimate_peak_phase"], at_peak_source="estimate",
         # what this budget alone would take: its own partition and compile, and the shared part
         compile_s=round(shared + own, 2), own_compile_s=round(own, 2), shared_s=round(shared, 2),
-        resident=_resident(book, walk), **explained)
+        resident=_resident(book, walk), parameter_bytes=book.resident.parameters if book.resident else None,
+        **explained)
     return ChildResult(b, remat or "off", status, code, error, measured, details={
         "stopped_at_backward": result.status == "stopped", "group": list(budgets), "ran_script": b == first,
         "kernels": kernels, "kernels_compiled": compiled,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol
 
 from memprof.errors import one_line
 from memprof.torch_hooks.patch import Patches
@@ -267,28 +267,45 @@ def allocator_segments() -> tuple[int, list[dict[str, Any]]] | None:
     return device, [s for s in segments if int(s.get("device", -1)) == device]
 
 
-def resident_bytes() -> tuple[str, int]:
-    """The device the script's parameters live on ("cuda" or "cpu") and the bytes allocated there now:
-    on CUDA the caching allocator's count (exact), on the CPU the storages of every tensor Python
-    can reach (the parameters, buffers and data the script holds; C++-only allocations are not seen)."""
+class Resident(NamedTuple):
+    """What a script holds when its first compiled graph runs."""
+
+    device: str  # where the parameters live: "cuda" or "cpu"
+    allocated: int  # bytes allocated there now
+    parameters: int  # of which the live modules' parameters (each storage once)
+
+
+def resident_bytes() -> Resident:
+    """The device the script's parameters live on ("cuda" or "cpu"), the bytes allocated there now (on
+    CUDA the caching allocator's count, exact; on the CPU the storages of every tensor Python can
+    reach: the parameters, buffers and data the script holds; C++-only allocations are not seen), and
+    the parameters' bytes among them."""
     import torch
 
     from memprof.torch_hooks.known_tensors import live_instances
 
-    modules = live_instances(torch.nn.Module)
-    on_cuda = any(p.is_cuda for m in modules for p in m.parameters(recurse=False))
-    if on_cuda and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        return "cuda", int(torch.cuda.memory_allocated())
+    params = [p for m in live_instances(torch.nn.Module) for p in m.parameters(recurse=False)]
+    on_cuda = any(p.is_cuda for p in params)
+    device = "cuda" if on_cuda and torch.cuda.is_initialized() else "cpu"  # type: ignore[no-untyped-call]
+    parameters = _storage_bytes(p for p in params if p.device.type == device)
+    if device == "cuda":
+        return Resident(device, int(torch.cuda.memory_allocated()), parameters)
+    return Resident(device, _storage_bytes(t for t in live_instances(torch.Tensor) if t.device.type == "cpu"),
+                    parameters)
+
+
+def _storage_bytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the storages under `tensors`, each once (views and tied weights share one)."""
     seen: dict[int, int] = {}
-    for t in live_instances(torch.Tensor):
+    for t in tensors:
         try:
-            if t.device.type == "cpu" and not t.is_meta:
+            if not t.is_meta:
                 storage = t.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()
         except (RuntimeError, NotImplementedError):  # tensors without storage (fakes, subclasses)
             continue
     seen.pop(0, None)
-    return "cpu", sum(seen.values())
+    return sum(seen.values())
 
 
 def optimizer_state_bytes(device_type: str) -> int:

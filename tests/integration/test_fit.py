@@ -72,6 +72,18 @@ def test_a_limit_between_the_smallest_and_the_largest_is_met_and_proved(
     assert cap.peak("cpu") == measured
     assert doc["command"][:2] == ["memprof", "trace"] and "--budget" in doc["command"]
     assert json.loads((out / "fit.json").read_text()) == doc
+    # beside memprof's answer, the usual ones: a parameter-count formula (the model's parameters, to
+    # the byte; the capture's "parameter" category also holds the rotary embedding's 64-byte buffer)
+    # and torch's default budget
+    from ..conftest import load_example
+
+    llama = load_example("llama")
+    model, _ids = llama.build(llama.SMALL, "cpu")
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert doc["parameter_bytes"] == params == 652_544
+    assert doc["others"] == [
+        {"what": "parameters x 4 (accelerate estimate-memory, Adam training)", "bytes": 4 * params},
+        {"what": "torch's default budget (1.0, stock), predicted", "bytes": stock_1["predicted_peak_bytes"]}]
 
 
 @pytest.mark.parametrize("args, message", [
