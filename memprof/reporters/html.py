@@ -45,6 +45,8 @@ _PAGE = """<!DOCTYPE html>
 <div id="plot"><canvas id="timeline"></canvas><div id="tip"></div></div>
 <div class="hint">Click a point for what is live there; wheel to zoom, drag to pan, double-click to reset.
 <button id="to-peak">back to the peak</button></div></section>
+<section id="lanes-section" hidden><h2>Ranks side by side</h2><div class="hint" id="lanes-hint"></div>
+<div id="lanes"></div></section>
 <section id="live"><h2 id="at-label"></h2><div class="hint" id="live-count"></div><div class="scroll"><table>
 <thead><tr><th data-key="node">FX node</th><th data-key="layer">layer</th><th data-key="kernel">kernel</th>
 <th data-key="category">category</th><th class="num sorted" data-key="bytes">bytes</th>
@@ -112,7 +114,16 @@ def _write_run(run: Run, o: HtmlOptions, out: IO[str]) -> None:
     summary["exact"] = all(p["summary"]["exact"] for p in pages.values())
     summary["caveats"] = [f"rank {r}: {c}" for r, p in pages.items() for c in p["summary"]["caveats"]]
     data["summary"] = summary
-    data["devices"] = [{**v, "device": f"rank {r}: {v['device']}"} for r, p in pages.items() for v in p["devices"]]
+    # one host's ranks share its monotonic clock: their lanes line up in time (when they ran together)
+    hosts = {c.meta.get("hostname") for c in ranks.values()}
+    together = max(c.t0_ns for c in ranks.values()) < min(int(c.raw["t_ns"].max()) for c in ranks.values())
+    aligned = len(hosts) == 1 and None not in hosts and together
+    why = "" if aligned else "the ranks ran on different hosts" if len(hosts) > 1 else "the ranks did not run together"
+    start = min(c.t0_ns for c in ranks.values())
+    data["devices"] = [{**v, "device": f"rank {r}: {v['device']}",
+                        "offset_s": (ranks[r].t0_ns - start) / 1e9 if aligned else 0.0}
+                       for r, p in pages.items() for v in p["devices"]]
+    data["lanes"] = {"aligned": aligned, "why_not": why}
     out.write(_page(data, run.name, [(f"rank {r}: ", c) for r, c in ranks.items()]))
 
 

@@ -139,6 +139,14 @@ def test_a_distributed_runs_page_has_a_tab_per_rank(tmp_path: Path) -> None:
         driver.find_elements(By.CSS_SELECTOR, "#tabs button")[1].click()
         total = driver.find_element(By.ID, "live-total")
         assert int(total.get_attribute("data-bytes")) == caps[1].peak("cpu")
+        # the ranks side by side, one lane each on one axis, each its peak; a click shows that one above
+        lanes = driver.find_elements(By.CSS_SELECTOR, "#lanes .lane")
+        assert [lane.get_attribute("data-device") for lane in lanes] == ["rank 0: cpu", "rank 1: cpu"]
+        assert [int(lane.get_attribute("data-peak")) for lane in lanes] == [caps[0].peak("cpu"), caps[1].peak("cpu")]
+        lanes[0].click()
+        on = driver.find_element(By.CSS_SELECTOR, "#tabs button.on")
+        assert on.text == "rank 0: cpu"
+        assert int(total.get_attribute("data-bytes")) == caps[0].peak("cpu")
         driver.save_screenshot(str(tmp_path / "run.png"))
     finally:
         driver.quit()
@@ -192,3 +200,21 @@ def test_the_plans_section_shows_each_plan_and_the_remat_pass(tmp_path: Path) ->
         driver.save_screenshot(str(tmp_path / "plans.png"))
     finally:
         driver.quit()
+
+
+def test_ranks_that_ran_together_on_one_host_share_the_lanes_time_axis(tmp_path: Path) -> None:
+    import json
+
+    from memprof.reporters import Run, write
+
+    cap = memprof.load(FIXTURES / "tiny_compiled.memprof")
+    other = memprof.load(FIXTURES / "gpt2_bf16_cpu.memprof")
+
+    def lanes(caps: dict[int, memprof.Capture]) -> tuple[dict[str, object], list[float]]:
+        html = write("html", Run("run.memprof", caps, len(caps)), tmp_path / "run.html").read_text()
+        start = html.index('id="memprof-data">') + 18
+        data = json.loads(html[start:html.index("</script>", start)])
+        return data["lanes"], [d["offset_s"] for d in data["devices"]]
+
+    assert lanes({0: cap, 1: cap}) == ({"aligned": True, "why_not": ""}, [0.0, 0.0])
+    assert lanes({0: cap, 1: other}) == ({"aligned": False, "why_not": "the ranks did not run together"}, [0.0, 0.0])

@@ -301,6 +301,53 @@
   }
   $("to-peak").addEventListener("click", () => { selected = dev.points.pos.indexOf(dev.peak_pos); draw(); table(); });
 
+  // ------------------------------------------------------------------------------ ranks side by side
+  function lanes() {
+    // a distributed run: every rank's devices on one time axis and one byte scale, each its peak marked
+    const box = $("lanes");
+    const all = DATA.devices;
+    $("lanes-section").hidden = false;
+    $("lanes-hint").textContent = (DATA.lanes.aligned ? "seconds since the first rank's capture began (one host's clock)"
+      : `each rank's seconds since its own capture began (${DATA.lanes.why_not})`) +
+      "; one byte scale for all; click a lane to show it above";
+    const tOf = (d, i) => d.points.t[i] + (d.offset_s || 0);
+    let lo = Infinity, hi = -Infinity, ymax = 1;
+    for (const d of all) {
+      const n = d.points.t.length;
+      if (n) { lo = Math.min(lo, tOf(d, 0)); hi = Math.max(hi, tOf(d, n - 1)); }
+      ymax = Math.max(ymax, d.peak);
+    }
+    if (!(hi > lo)) { lo = 0; hi = 1; }
+    ymax *= 1.08;
+    for (const d of all) {
+      const row = el("div", {class: "lane", "data-device": d.device, "data-peak": String(d.peak)});
+      row.append(el("div", {class: "lane-label"}, `${d.device} · peak ${fmt(d.peak)} at ${(d.peak_t + (d.offset_s || 0)).toFixed(3)} s`));
+      const c = el("canvas");
+      row.append(c);
+      box.append(row);
+      const dpr = window.devicePixelRatio || 1, w = c.clientWidth, h = c.clientHeight;
+      c.width = Math.round(w * dpr); c.height = Math.round(h * dpr);
+      const g = c.getContext("2d");
+      g.setTransform(dpr, 0, 0, dpr, 0, 0);
+      const X = (t) => 4 + ((t - lo) / (hi - lo)) * (w - 8), Y = (v) => h - 2 - (v / ymax) * (h - 4);
+      const P = d.points, n = P.t.length, cum = new Float64Array(n);
+      for (let k = 0; k < d.categories.length; k++) {
+        const vals = P.by_category[k];
+        g.beginPath();
+        for (let i = 0; i < n; i++) { const x = X(tOf(d, i)); i ? g.lineTo(x, Y(cum[i] + vals[i])) : g.moveTo(x, Y(cum[i] + vals[i])); }
+        for (let i = n - 1; i >= 0; i--) g.lineTo(X(tOf(d, i)), Y(cum[i]));
+        g.closePath();
+        g.fillStyle = COLORS[d.categories[k]] || "#999";
+        g.fill();
+        for (let i = 0; i < n; i++) cum[i] += vals[i];
+      }
+      const px = X(d.peak_t + (d.offset_s || 0));
+      g.strokeStyle = "#c2185b"; g.setLineDash([3, 2]);
+      g.beginPath(); g.moveTo(px, 0); g.lineTo(px, h); g.stroke(); g.setLineDash([]);
+      row.addEventListener("click", () => { show(d); $("timeline").scrollIntoView({block: "center"}); });
+    }
+  }
+
   // ------------------------------------------------------------------------------ plans, steps
   function simpleTable(head, rows, foot) {  // head: [label, numeric?]; rows and foot: cell texts
     const t = el("table"), th = el("thead"), hr = el("tr"), tb = el("tbody");
@@ -376,5 +423,6 @@
     tabs.append(b);
   }
   if (DATA.devices.length) show(DATA.devices[0]);
+  if (DATA.lanes) lanes();
   document.body.dataset.ready = "1";
 })();
