@@ -233,6 +233,16 @@ def label_buffers(ctx: LabelContext, n: CallNesting, alloc_pos: np.ndarray, grap
             labeller.unopened(pos, ctx.strings[int(ctx.raw["scope"][n.rows[i]])], survives)
 
 
+def _call_shape(ctx: LabelContext, n: CallNesting, alloc_pos: np.ndarray, freed_in_bw: np.ndarray, key: str,
+                interrupted: bool) -> tuple[str, bool, int, bytes]:
+    """Everything `label_buffers` reads of one call, as a key: its graph, whether it was cut short,
+    and per allocation whether the wrapper made it, in which top-level scope (and their names), the
+    scope open when it was made, and whether it outlived the call, its scope, and the backward."""
+    cols = [n.is_direct, n.child_of, n.survives_call, n.freed_in_child, freed_in_bw[alloc_pos],
+            ctx.raw["scope"][n.rows], n.child_scope]
+    return key, interrupted, len(alloc_pos), np.concatenate([np.asarray(c, np.int64) for c in cols]).tobytes()
+
+
 def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, alloc_pos: np.ndarray,
               freed_in_bw: np.ndarray) -> CallJoin:
     """Label the allocations `alloc_pos` of one call (rows begin..end on `thread`) of graph `key`."""
@@ -250,7 +260,16 @@ def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, al
         label_kernel_level(ctx, n, alloc_pos, role, tag, freed_in_bw)
         return CallJoin(key, role, thread, begin, end, len(alloc_pos), "kernel", reason)
     assert graph is not None
-    label_buffers(ctx, n, alloc_pos, graph, plan, tag, freed_in_bw, interrupted)
+    # a training loop calls each graph the same way every step: a call whose allocations nest, live
+    # and die as an earlier call's did gets that call's labels (a dict lookup, not a pass in Python)
+    same = _call_shape(ctx, n, alloc_pos, freed_in_bw, key, interrupted)
+    done = ctx.call_labels.get(same)
+    if done is None:
+        label_buffers(ctx, n, alloc_pos, graph, plan, tag, freed_in_bw, interrupted)
+        ctx.call_labels[same] = (ctx.category[alloc_pos], ctx.node[alloc_pos], ctx.layer[alloc_pos],
+                                 ctx.kernel[alloc_pos])
+    else:
+        ctx.category[alloc_pos], ctx.node[alloc_pos], ctx.layer[alloc_pos], ctx.kernel[alloc_pos] = done
     return CallJoin(key, role, thread, begin, end, len(alloc_pos), "buffer",
                     "the call was cut short (an OOM, or the capture's end): joined up to where it stopped"
                     if interrupted else "")

@@ -118,6 +118,9 @@ class LabelContext:
         self.thread = raw["thread"][tl.rows].astype(np.int64)
         self.free_row = np.where(tl.free_of >= 0, tl.rows[np.maximum(tl.free_of, 0)], len(raw)).astype(np.int64)
         self.oom_rows = np.flatnonzero(raw["kind"] == Kind.OOM)
+        # labels of a joined call by everything the join read of it (`join._call_shape`): category,
+        # node, layer and kernel of each of its allocations, in order
+        self.call_labels: dict[tuple[str, bool, int, bytes], tuple[np.ndarray, ...]] = {}
 
     def set(self, pos: np.ndarray | int, category: int, node: str = "", layer: str = "", kernel: str = "") -> None:
         self.category[pos] = category
