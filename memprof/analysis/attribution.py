@@ -232,6 +232,9 @@ def _label_preexisting(ctx: LabelContext, blocks: Sequence[tuple[int, int]],
 
 
 def _apply_known(ctx: LabelContext, tensors: Sequence[KnownTensor], alloc_pos: np.ndarray) -> None:
+    """Name the allocations the known tensors (parameters, gradients, optimizer state) live in: each
+    known tensor is the latest allocation at its address made by its time and not yet freed then;
+    a later record of the same allocation wins."""
     tl = ctx.tl
     mine = [t for t in tensors if t[1] == tl.device]
     if not mine or not len(alloc_pos):
@@ -239,20 +242,23 @@ def _apply_known(ctx: LabelContext, tensors: Sequence[KnownTensor], alloc_pos: n
     ptrs = ctx.raw["ptr"][tl.rows[alloc_pos]].astype(np.uint64)
     t_alloc = tl.t_ns[alloc_pos]
     t_free = np.where(tl.free_of[alloc_pos] >= 0, tl.t_ns[np.maximum(tl.free_of[alloc_pos], 0)], np.iinfo(np.int64).max)
-    order = np.lexsort((t_alloc, ptrs))
-    sp, st = ptrs[order], t_alloc[order]
-    for t_ns, _device, ptr, _nbytes, category, name in mine:
-        lo = np.searchsorted(sp, np.uint64(ptr), side="left")
-        hi = np.searchsorted(sp, np.uint64(ptr), side="right")
-        if lo == hi:
-            continue
-        j = lo + np.searchsorted(st[lo:hi], t_ns, side="right") - 1
-        if j < lo:
-            continue
-        a = order[j]
-        if t_free[a] <= t_ns:
-            continue
-        pos = alloc_pos[a]
+    k_ptr = np.asarray([t[2] for t in mine], np.uint64)
+    k_t = np.asarray([t[0] for t in mine], np.int64)
+    # allocations and known tensors in one order (address, time; an allocation before a record at its
+    # time): each record's allocation is the last allocation before it at its address
+    n = len(alloc_pos)
+    ptr_all, t_all = np.concatenate([ptrs, k_ptr]), np.concatenate([t_alloc, k_t])
+    is_alloc = np.concatenate([np.ones(n, bool), np.zeros(len(mine), bool)])
+    order = np.lexsort((~is_alloc, t_all, ptr_all))
+    last = np.maximum.accumulate(np.where(is_alloc[order], np.arange(len(order)), -1))
+    at = np.empty(len(order), np.int64)
+    at[order] = np.arange(len(order))
+    j = last[at[n:]]  # per record: the merged index of its allocation candidate (-1: none)
+    a = np.where(j >= 0, order[np.maximum(j, 0)], 0)
+    ok = (j >= 0) & (ptrs[a] == k_ptr) & (t_free[a] > k_t)
+    for k in np.flatnonzero(ok).tolist():
+        _t, _device, _ptr, _nbytes, category, name = mine[k]
+        pos = int(alloc_pos[a[k]])
         cat = CATEGORY_OF_KNOWN.get(category)
         if cat is None or (cat == Category.GRADIENT and ctx.category[pos] == Category.DDP_BUCKET):
             continue  # (gradients as views into DDP's bucket, gradient_as_bucket_view: the block stays the bucket)

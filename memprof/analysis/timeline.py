@@ -344,12 +344,12 @@ def mark_windows(raw: np.ndarray, strings: Sequence[str], start: str, stop: str)
     marks = np.flatnonzero(raw["kind"] == Kind.MARK)
     if len(marks) == 0:
         return []
-    ids = raw["scope"][marks]
-    is_start, is_stop = np.isin(ids, start_ids), np.isin(ids, stop_ids)
+    marks = marks[np.isin(raw["scope"][marks], start_ids + stop_ids)]
+    is_start, is_stop = np.isin(raw["scope"][marks], start_ids), np.isin(raw["scope"][marks], stop_ids)
     out: list[tuple[int, int, int, int]] = []
     open_at: dict[int, int] = {}
-    for row, begin, end in zip(marks.tolist(), is_start.tolist(), is_stop.tolist(), strict=True):
-        thread = int(raw["thread"][row])
+    for row, thread, begin, end in zip(marks.tolist(), raw["thread"][marks].tolist(), is_start.tolist(),
+                                       is_stop.tolist(), strict=True):
         if begin:
             open_at[thread] = row
         elif end and thread in open_at:
