@@ -63,13 +63,16 @@ def test_a_budget_in_bytes_runs_the_planned_configuration(tmp_path: Path) -> Non
 
 
 def test_a_ratio_is_set_as_it_is_and_memprofs_own_budget_is_kept(tmp_path: Path) -> None:
+    import torch._functorch.config as functorch_config
+
+    with memprof.remat.enable(budget="0.05"):  # a ratio: no search, set for the block and undone after it
+        assert functorch_config.activation_memory_budget == 0.05 and memprof.remat.active_mode() is None
+    with memprof.remat.enable("light", budget=0.2):
+        assert functorch_config.activation_memory_budget == 0.2 and memprof.remat.active_mode() == "light"
+    assert functorch_config.activation_memory_budget == 1.0 and memprof.remat.active_mode() is None
+    # under `memprof trace --budget 0.3`, the script's own budget (even one in bytes) leaves memprof's
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
-    res = subprocess.run([sys.executable, str(script), "0.05"], capture_output=True, text=True, timeout=600,
-                         cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert _inside(res.stdout) == (0.05, "None") and "predict" not in res.stderr
-    # under `memprof trace --budget 0.3`, the script's own budget (even one in bytes) leaves memprof's
     res = subprocess.run([sys.executable, "-m", "memprof", "trace", "--budget", "0.3", "-o", "t.memprof",
                           str(script), "--", "100GB"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]
