@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from memprof.analysis.labels import CATEGORIES
 from memprof.errors import MemprofError
@@ -116,8 +116,10 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     """Predict every configuration, verify the preferred one that fits (up to MAX_VERIFY runs), or,
     when none is predicted to, run the smallest and say what would close the gap. `out` must be
     ready (`memprof.sweep.prepare_dir`)."""
-    candidates, device, parameters = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
-    result = FitResult(limit, device, candidates, command=[script, *args], parameter_bytes=parameters)
+    search = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
+    candidates = search.candidates
+    result = FitResult(limit, search.device, candidates, command=[script, *args],
+                       parameter_bytes=search.parameter_bytes, compiled=search.compiled)
 
     tried: set[Config] = set()
 
@@ -134,6 +136,10 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
             result.choice = measured
         return result.choice is not None
 
+    if not search.compiled:  # nothing to set: the script's own run says whether it fits as it is
+        if not run(Config(1.0)) and result.verified:
+            _gap_suggestions(result, out, result.verified[0])
+        return result
     for _ in range(MAX_VERIFY):
         cand = next_to_verify(candidates, limit, result.verified, tried)
         if cand is None:
@@ -150,11 +156,18 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     return result
 
 
+class Search(NamedTuple):
+    """What the predictions of every configuration found."""
+
+    candidates: list[Candidate]
+    device: str  # where they ran
+    parameter_bytes: int | None  # the model's parameters there
+    compiled: bool  # the script compiled a graph with a backward (else no configuration applies to it)
+
+
 def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str], out: Path,
-               jobs: int, timeout: float | None, progress: Callable[[object], None] | None
-               ) -> tuple[list[Candidate], str, int | None]:
-    """Every configuration predicted into `out` (its predictions kept as search.json), the device
-    they ran on, and the bytes of the model's parameters there."""
+               jobs: int, timeout: float | None, progress: Callable[[object], None] | None) -> Search:
+    """Every configuration predicted into `out` (its predictions kept as search.json)."""
     from memprof.sweep.manifest import record_files
     from memprof.sweep.runner import run_sweep
 
@@ -165,7 +178,8 @@ def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes
     device = next((r.measured.device for r in search.runs if r.measured is not None), "cpu")
     parameters = next((r.measured.parameter_bytes for r in search.runs if r.measured is not None
                        and r.measured.parameter_bytes is not None), None)
-    return _candidates(search), device, parameters
+    compiled = any(r.measured is not None and r.measured.compiled for r in search.runs)
+    return Search(_candidates(search), device, parameters, compiled)
 
 
 def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[int], limit: int,
@@ -184,7 +198,7 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
             sub = scale_dir(out, value)
             prepare_dir(sub, True)
             predicted[value] = _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs,
-                                          timeout, progress)[0]
+                                          timeout, progress).candidates
         return predicted[value]
 
     result = ScaleResult(template, list(values), limit, bisect(values, predict, limit))
@@ -230,8 +244,11 @@ def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
         out = Path(tmp) / "plan"
         prepare_dir(out, False)
         say(f"memprof: {asked} {fmt_bytes(limit)}: predicting {len(budgets) * 2} configurations (no training step)")
-        candidates = _predicted(script, args, budgets, [remat or "light"], out, min(4, os.cpu_count() or 1), None,
-                                None)[0]
+        search = _predicted(script, args, budgets, [remat or "light"], out, min(4, os.cpu_count() or 1), None, None)
+    if not search.compiled:
+        raise MemprofError(f"{asked} {fmt_bytes(limit)}: the script compiles no graph with a backward "
+                           "(torch.compile), so no budget or remat mode applies to it")
+    candidates = search.candidates
     chosen = next(iter(fitting(candidates, limit)), None)
     if chosen is not None and chosen.peak is not None:
         say(f"memprof: {asked} {fmt_bytes(limit)} ({limit:,} B): {chosen.config.label}, predicted peak "

@@ -157,6 +157,7 @@ class FitResult:
     suggestions: list[Suggestion] = field(default_factory=list)
     command: list[str] = field(default_factory=list)  # the script and its arguments
     parameter_bytes: int | None = None  # the model's parameters on the device (from the search)
+    compiled: bool = True  # False: the script compiles no graph with a backward; its run as it is was measured
 
     @property
     def fits(self) -> bool:

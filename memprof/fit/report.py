@@ -57,6 +57,25 @@ def _others(r: FitResult) -> list[str]:
     return ["  beside it, " + "; ".join(f"{what}: {fmt_bytes(n)} ({n:,} B)" for what, n in figures)]
 
 
+def _format_uncompiled(r: FitResult, head: list[str]) -> str:
+    """A script that compiles no graph with a backward: memprof's configurations do not apply; its
+    run as it is says whether it fits."""
+    m = r.choice or (r.verified[0] if r.verified else None)
+    why = "the script compiles no graph with a backward (torch.compile), so no budget or remat mode applies"
+    if m is None:
+        return "\n".join([f"NOT MEASURED: {why}, and its run left no figures", *head[1:],
+                          *(f"  {f}" for f in r.failed)])
+    lines = [("FITS AS IT IS" if m.within(r.limit) else "DOES NOT FIT") + f": {why}; its run as it is:", head[0],
+             f"  measured peak {fmt_bytes(m.peak)} ({m.peak:,} B allocated" + ("" if m.exact else ", a lower bound")
+             + ")"]
+    lines += _proof(r.limit, m, None)
+    lines += _others(r)
+    if r.suggestions:
+        lines.append("  what would close the gap (from the run's capture):")
+        lines += [f"    - {s.what} (about {fmt_bytes(s.saves)} less)" for s in r.suggestions]
+    return "\n".join(lines)
+
+
 def format_fit(r: FitResult) -> str:
     limit = f"{fmt_bytes(r.limit)} ({r.limit:,} B, {r.device})"
     predicted = [c for c in r.candidates if c.peak is not None]
@@ -64,6 +83,8 @@ def format_fit(r: FitResult) -> str:
              f"  {len(predicted)} of {len(r.candidates)} configurations predicted, "
              f"{len(r.verified)} run to verify"]
     lines += [f"  a verifying run left no figures: {why}" for why in r.failed]
+    if not r.compiled:
+        return _format_uncompiled(r, lines)
     failed = [c for c in r.candidates if c.error]
     if failed:
         lines.append(f"  {len(failed)} could not be predicted: "
@@ -109,8 +130,10 @@ def fit_json(r: FitResult) -> dict[str, Any]:
     choice = r.choice
     cand = r.candidate(choice.config) if choice is not None else smallest(r.candidates)
     shown = choice or next((m for m in r.verified if cand is not None and m.config == cand.config), None)
+    if not r.compiled:  # its run as it is: nothing to choose
+        choice, shown = None, r.choice or (r.verified[0] if r.verified else None)
     return {
-        "limit_bytes": r.limit, "device": r.device, "fits": r.fits,
+        "limit_bytes": r.limit, "device": r.device, "fits": r.fits, "compiled": r.compiled,
         "choice": choice.config.to_json() if choice is not None else None,
         "predicted_peak_bytes": cand.peak if cand is not None else None,
         "measured_peak_bytes": shown.peak if shown is not None else None,

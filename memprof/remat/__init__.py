@@ -177,10 +177,17 @@ def _budgeted(mode: str | None, budget: str | float, search: Sequence[float] | N
             yield
         return
     from memprof.console import say
+    from memprof.errors import MemprofError
     from memprof.fit import DEFAULT_BUDGETS, plan
 
-    config = plan(_running_script(), sys.argv[1:], value, mode, tuple(search or DEFAULT_BUDGETS),
-                  asked="memprof.remat.enable(budget=...)")
+    script = _running_script()
+    try:
+        config = plan(script, sys.argv[1:], value, mode, tuple(search or DEFAULT_BUDGETS),
+                      asked="memprof.remat.enable(budget=...)")
+    except MemprofError as exc:  # nothing to plan (no compiled training graph): the block runs as it is
+        say(f"memprof: warning: {exc}; the block runs as it is")
+        yield
+        return
     pinned = ", ".join([*([repr(config.remat)] if config.remat else []), f"budget={config.budget:g}"])
     say(f"memprof: to run it again without the search: memprof.remat.enable({pinned})")
     with budget_set(config.budget), (enable(config.remat) if config.remat else contextlib.nullcontext()):

@@ -141,9 +141,10 @@ def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
     from memprof.fit.plan import Measured
     from memprof.fit.report import format_scale, scale_json
 
-    def predicted(script: str, args: list[str], *_a: object) -> tuple[list[Candidate], str]:
+    def predicted(script: str, args: list[str], *_a: object) -> fit_mod.Search:
         n = int(args[-1].split("=")[1])  # the batch: 100 B of step per sample, over 1,000 resident
-        return [Candidate(Config(1.0), 100 * n, 1_000), Candidate(Config(0.0, "light"), 60 * n, 1_000)], "cuda"
+        return fit_mod.Search([Candidate(Config(1.0), 100 * n, 1_000), Candidate(Config(0.0, "light"), 60 * n, 1_000)],
+                              "cuda", None, True)
 
     runs: list[tuple[int, Config]] = []
 
@@ -167,3 +168,23 @@ def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
     assert "run at 32 (budget 0 with --remat light): 3.4 kB, over the limit" in text
     assert "the next value, 32, ran over the limit" in text
     assert [o["value"] for o in scale_json(r)["runs_over_limit"]] == [32]
+
+
+def test_a_script_that_compiles_nothing_is_measured_as_it_is(tmp_path: Path) -> None:
+    """No graph with a backward is compiled: no budget or remat mode applies. `fit` says so and runs
+    the script as it is (exit 1 over the limit, with what would close the gap); `trace --budget SIZE`
+    refuses in one line."""
+    script = tmp_path / "eager.py"
+    script.write_text("import torch\nm = torch.nn.Linear(64, 64)\nopt = torch.optim.AdamW(m.parameters())\n"
+                      "for _ in range(3):\n    m(torch.randn(8, 64)).sum().backward(); opt.step(); opt.zero_grad()\n")
+    res = run_memprof("fit", "--memory", "10kB", "--budgets", "1.0", "-o", "out", "--json", str(script), cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["compiled"] is False and doc["fits"] is False and doc["choice"] is None
+    cap = memprof.load(tmp_path / "out" / doc["verified"][0]["capture"])
+    assert doc["measured_peak_bytes"] == cap.peak("cpu") > 10_000
+    assert any("optimizer state" in s["what"] for s in doc["suggestions"])
+    res = invoke_memprof("trace", "--budget", "1GB", "-o", "t.memprof", str(script), cwd=tmp_path)
+    *said, line = res.stderr.strip().splitlines()  # (the search's one line of progress, then the error)
+    assert res.returncode != 0 and "Traceback" not in res.stderr and len(said) == 1
+    assert line.startswith("memprof: error:") and "compiles no graph with a backward" in line
