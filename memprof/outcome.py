@@ -21,8 +21,9 @@ def outcome(exc: BaseException | None) -> ScriptResult:
     """How a run ended, from the exception that ended it (None: it ran to its end)."""
     if exc is None:
         return ScriptResult(0, "completed")
-    if isinstance(exc, SystemExit):
-        return ScriptResult(_exit_code(exc.code), "exit")
+    if isinstance(exc, SystemExit):  # (a message as its code: what Python prints, the run's error)
+        message = None if exc.code is None or isinstance(exc.code, int) else (str(exc.code).splitlines() or [""])[0]
+        return ScriptResult(_exit_code(exc.code), "exit", message)
     if isinstance(exc, KeyboardInterrupt):
         return ScriptResult(128 + signal.SIGINT, "interrupted", "KeyboardInterrupt", signal.SIGINT)
     return ScriptResult(1, "oom" if _is_oom(exc) else "exception", one_line(exc))

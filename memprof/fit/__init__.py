@@ -137,6 +137,9 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
         return result.choice is not None
 
     if not search.compiled:  # nothing to set: the script's own run says whether it fits as it is
+        if search.error:  # (it did not get that far: it failed)
+            result.failed.append(search.error)
+            return result
         if not run(Config(1.0)) and result.verified:
             _gap_suggestions(result, out, result.verified[0])
         return result
@@ -163,6 +166,7 @@ class Search(NamedTuple):
     device: str  # where they ran
     parameter_bytes: int | None  # the model's parameters there
     compiled: bool  # the script compiled a graph with a backward (else no configuration applies to it)
+    error: str | None  # why the script ended before that, where it ended badly in every prediction
 
 
 def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str], out: Path,
@@ -179,7 +183,9 @@ def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes
     parameters = next((r.measured.parameter_bytes for r in search.runs if r.measured is not None
                        and r.measured.parameter_bytes is not None), None)
     compiled = any(r.measured is not None and r.measured.compiled for r in search.runs)
-    return Search(_candidates(search), device, parameters, compiled)
+    error = None if compiled or any(r.ok for r in search.runs) else next(
+        (f"the script ended before any compiled graph's backward ({r.status}): {r.error}" for r in search.runs), None)
+    return Search(_candidates(search), device, parameters, compiled, error)
 
 
 def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[int], limit: int,
@@ -246,8 +252,8 @@ def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
         say(f"memprof: {asked} {fmt_bytes(limit)}: predicting {len(budgets) * 2} configurations (no training step)")
         search = _predicted(script, args, budgets, [remat or "light"], out, min(4, os.cpu_count() or 1), None, None)
     if not search.compiled:
-        raise MemprofError(f"{asked} {fmt_bytes(limit)}: the script compiles no graph with a backward "
-                           "(torch.compile), so no budget or remat mode applies to it")
+        raise MemprofError(f"{asked} {fmt_bytes(limit)}: " + (search.error or "the script compiles no graph with "
+                           "a backward (torch.compile), so no budget or remat mode applies to it"))
     candidates = search.candidates
     chosen = next(iter(fitting(candidates, limit)), None)
     if chosen is not None and chosen.peak is not None:

@@ -63,8 +63,9 @@ def _format_uncompiled(r: FitResult, head: list[str]) -> str:
     m = r.choice or (r.verified[0] if r.verified else None)
     why = "the script compiles no graph with a backward (torch.compile), so no budget or remat mode applies"
     if m is None:
-        return "\n".join([f"NOT MEASURED: {why}, and its run left no figures", *head[1:],
-                          *(f"  {f}" for f in r.failed)])
+        if r.failed and not r.verified:  # it failed before a backward: nothing was measured
+            return "\n".join([f"NOT MEASURED: {r.failed[0]}", head[0]])
+        return "\n".join([f"NOT MEASURED: {why}, and its run left no figures", *head[1:]])
     lines = [("FITS AS IT IS" if m.within(r.limit) else "DOES NOT FIT") + f": {why}; its run as it is:", head[0],
              f"  measured peak {fmt_bytes(m.peak)} ({m.peak:,} B allocated" + ("" if m.exact else ", a lower bound")
              + ")"]

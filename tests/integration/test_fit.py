@@ -144,7 +144,7 @@ def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
     def predicted(script: str, args: list[str], *_a: object) -> fit_mod.Search:
         n = int(args[-1].split("=")[1])  # the batch: 100 B of step per sample, over 1,000 resident
         return fit_mod.Search([Candidate(Config(1.0), 100 * n, 1_000), Candidate(Config(0.0, "light"), 60 * n, 1_000)],
-                              "cuda", None, True)
+                              "cuda", None, True, None)
 
     runs: list[tuple[int, Config]] = []
 
@@ -184,6 +184,12 @@ def test_a_script_that_compiles_nothing_is_measured_as_it_is(tmp_path: Path) -> 
     cap = memprof.load(tmp_path / "out" / doc["verified"][0]["capture"])
     assert doc["measured_peak_bytes"] == cap.peak("cpu") > 10_000
     assert any("optimizer state" in s["what"] for s in doc["suggestions"])
+    # a script that fails before it gets that far is said to, with its own message
+    failing = tmp_path / "fails.py"
+    failing.write_text('raise SystemExit("no data at /data/train")\n')
+    res = run_memprof("fit", "--memory", "10kB", "--budgets", "1.0", "-o", "out2", str(failing), cwd=tmp_path)
+    assert res.returncode == 1 and res.stdout.startswith(
+        "NOT MEASURED: the script ended before any compiled graph's backward (exit): no data at /data/train")
     res = invoke_memprof("trace", "--budget", "1GB", "-o", "t.memprof", str(script), cwd=tmp_path)
     *said, line = res.stderr.strip().splitlines()  # (the search's one line of progress, then the error)
     assert res.returncode != 0 and "Traceback" not in res.stderr and len(said) == 1
