@@ -287,19 +287,19 @@ def resident_bytes() -> Resident:
     params = [p for m in live_instances(torch.nn.Module) for p in m.parameters(recurse=False)]
     on_cuda = any(p.is_cuda for p in params)
     device = "cuda" if on_cuda and torch.cuda.is_initialized() else "cpu"  # type: ignore[no-untyped-call]
-    parameters = _storage_bytes(p for p in params if p.device.type == device)
+    parameters = _storage_bytes(params, device)
     if device == "cuda":
         return Resident(device, int(torch.cuda.memory_allocated()), parameters)
-    return Resident(device, _storage_bytes(t for t in live_instances(torch.Tensor) if t.device.type == "cpu"),
-                    parameters)
+    return Resident(device, _storage_bytes(live_instances(torch.Tensor), "cpu"), parameters)
 
 
-def _storage_bytes(tensors: Iterable[Any]) -> int:
-    """Bytes of the storages under `tensors`, each once (views and tied weights share one)."""
+def _storage_bytes(tensors: Iterable[Any], device_type: str) -> int:
+    """Bytes of the storages under those of `tensors` on `device_type`, each once (views and tied
+    weights share one)."""
     seen: dict[int, int] = {}
     for t in tensors:
         try:
-            if not t.is_meta:
+            if t.device.type == device_type and not t.is_meta:
                 storage = t.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()
         except (RuntimeError, NotImplementedError):  # tensors without storage (fakes, subclasses)
