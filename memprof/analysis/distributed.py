@@ -62,7 +62,14 @@ def label_distributed(ctx: LabelContext, eager: np.ndarray, joined: np.ndarray, 
         where = inside(rows, threads, windows)
         ends = np.asarray([w[2] for w in windows], dtype=np.int64)
         buckets = (where >= 0) & ~done
-        buckets &= ctx.free_row[eager] > ends[np.maximum(where, 0)]  # outlives the call that made it
+        free_row = ctx.free_row[eager]
+        buckets &= free_row > ends[np.maximum(where, 0)]  # outlives the call that made it
+        # but not what a collective holds until it completes and its thread lets go of (the bucket
+        # indices `_rebuild_buckets` broadcasts: a few bytes freed on gloo's thread, at times after
+        # the call): the reducer's buckets are freed by the thread that made them, or never
+        freed = free_row < len(ctx.raw)
+        free_thread = ctx.raw["thread"][np.minimum(free_row, len(ctx.raw) - 1)].astype(np.int64)
+        buckets &= ~freed | (free_thread == threads)
         ctx.category[eager[buckets]] = Category.DDP_BUCKET
         ctx.node[eager[buckets]] = ctx.names("ddp:buckets")
 
