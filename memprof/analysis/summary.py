@@ -204,15 +204,15 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
                          labels.names[int(labels.node[p])], (peak_t - a.t_ns) / 1e6, a.ptr)
                  for a, p in zip(live, live_pos.tolist(), strict=True)],
         scopes=_scopes_of(cap, raw["scope"][tl.rows[every]], tl.delta[every], top),
-        steps=step_rows(cap, dev, gc_pos),
+        steps=step_rows(cap, dev),
     )
 
 
-def step_rows(cap: Capture, dev: str, gc_pos: np.ndarray | None = None) -> list[StepRow]:
+def step_rows(cap: Capture, dev: str) -> list[StepRow]:
     """Each step on `dev`: its peak, what was live at its start and end, its time, what the garbage
-    collector freed in it (`gc_pos`: `Capture.gc_freed`, computed here when not given)."""
+    collector freed in it (`Capture.gc_freed`, found once per device)."""
     tl = cap.timeline(dev)
-    gc_pos = cap.gc_freed(dev) if gc_pos is None else gc_pos
+    gc_pos = cap.gc_freed(dev)
     t0 = cap.t0_ns
     return [StepRow(s.step, s.peak, s.allocated_at_end, s.reserved_at_end, s.complete,
                     freed_bytes(tl, gc_pos, s.start_row, s.end_row), (s.t_start_ns - t0) / 1e9,

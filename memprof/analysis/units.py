@@ -77,17 +77,26 @@ def parse_budget(text: str) -> float | int:
     Raises ValueError naming what was wrong."""
     s = text.strip()
     if s[:1].isdigit() and s[-1:].isalpha():
-        size = parse_size(s)
-        if size <= 0:
-            raise ValueError(f"{text!r}: a size must be more than 0 bytes")
-        return size
+        return checked_budget(parse_size(s), repr(text))
     try:
         ratio = float(s)
     except ValueError:
         raise ValueError(f"a budget must be a number in [0, 1] or a size with a unit (24GB), not {text!r}") from None
-    if not 0.0 <= ratio <= 1.0:  # (NaN fails both)
-        raise ValueError(f"a budget must be in [0, 1] (or a size with a unit: 24GB), not {text}")
-    return ratio
+    return checked_budget(ratio, text)
+
+
+def checked_budget(value: float | int, said: str | None = None) -> float | int:
+    """`value` as a budget (`parse_budget`'s kinds: a float ratio in [0, 1], an int of bytes more
+    than 0), or ValueError naming it as `said` (default its repr)."""
+    said = repr(value) if said is None else said
+    if isinstance(value, bool) or not isinstance(value, float | int):
+        raise ValueError(f"a budget is a ratio in [0, 1] or a size in bytes, not {said}")
+    if isinstance(value, int):
+        if value <= 0:
+            raise ValueError(f"{said}: a size must be more than 0 bytes")
+    elif not 0.0 <= value <= 1.0:  # (NaN fails both)
+        raise ValueError(f"a budget must be in [0, 1] (or a size with a unit: 24GB), not {said}")
+    return value
 
 
 def count(n: int, noun: str, plural: str | None = None) -> str:

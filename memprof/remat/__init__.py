@@ -159,16 +159,12 @@ def enable(mode: str | None = None, *, budget: str | float | None = None,
 @contextlib.contextmanager
 def _budgeted(mode: str | None, budget: str | float, search: Sequence[float] | None) -> Iterator[None]:
     """`enable(mode, budget=...)`: the budget (and the pass, where the plan chose it) inside the block."""
-    from memprof.analysis.units import parse_budget
+    from memprof.analysis.units import checked_budget, parse_budget
     from memprof.torch_hooks.budget import budget_set, budget_set_by_memprof
 
     if mode is not None:
         _check(mode)
-    value = parse_budget(budget) if isinstance(budget, str) else budget
-    if isinstance(value, bool) or not isinstance(value, float | int) or not (
-            0.0 <= value <= 1.0 if isinstance(value, float) else value > 0):
-        raise ValueError(f"budget={budget!r}: a ratio in [0, 1] (0.05), or a size more than 0 bytes ('24GB', or an "
-                         "int of bytes)")
+    value = parse_budget(budget) if isinstance(budget, str) else checked_budget(budget, f"budget={budget!r}")
     if budget_set_by_memprof():  # memprof's command chose this process's configuration
         yield
         return
