@@ -6,6 +6,7 @@
     python tools/make_fixtures.py --blocks   # on a GPU machine: gqa_blocks_cuda.memprof
     python tools/make_fixtures.py --snapshot # on a GPU machine: tiny_snapshot_cuda.pickle (+ .json)
     python tools/make_fixtures.py --remat    # on the CPU: llama_remat_cpu.memprof
+    python tools/make_fixtures.py --ddp      # on the CPU: ddp_rank_cpu.memprof
 
 A two-layer MLP compiled with Inductor, three AdamW steps, so that each file has every member
 (events, strings, threads, plans, wrapper sources; on CUDA also the allocator tracker's reserved
@@ -27,6 +28,11 @@ caching allocator hands whole blocks to some requests there, so the tests of its
 (compiled-graph scopes only, to keep the file small), for the tests of what the HTML report shows of
 a plan and the remat pass's report (tests/integration/test_html.py).
 
+`--ddp` runs the DDP script of tests/integration/test_ranks.py under torchrun (2 ranks, gloo) until
+one rank's capture shows what made DDP's bucket labels flaky: the bucket the second forward rebuilds
+is freed by a gloo thread, not the thread that made it (about one rank in three does), and keeps
+that rank's capture, for a test that does not depend on the run's timing (tests/unit/test_fixtures.py).
+
 `--snapshot` is not memprof's: it is what a user brings, `torch.cuda.memory._dump_snapshot` of the
 same MLP's three steps with the allocator's history on from before the model was made (Python
 stacks only, to keep the file small), and beside it what PyTorch reported (`max_memory_allocated`,
@@ -37,13 +43,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import memprof
+from memprof.analysis.attribution import Category
 
 OUT = Path(__file__).resolve().parents[1] / "tests" / "fixtures"
 
@@ -69,6 +79,30 @@ def tiny_compiled(device: str) -> memprof.Capture:
             cap.meta["expected"] = {"max_memory_allocated": int(torch.cuda.max_memory_allocated()),
                                     "step_ends": ends}
     return cap
+
+
+def bucket_freed_elsewhere(cap: memprof.Capture) -> bool:
+    """Whether a block labelled as DDP's bucket is freed on a thread other than the one that made it."""
+    tl, labels, raw = cap.timeline("cpu"), cap.labels("cpu"), cap.raw
+    buckets = np.flatnonzero(tl.is_alloc & (labels.category == Category.DDP_BUCKET) & (tl.free_of >= 0))
+    return bool(np.any(raw["thread"][tl.rows[tl.free_of[buckets]]] != raw["thread"][tl.rows[buckets]]))
+
+
+def ddp_rank(out: Path, tries: int = 12) -> None:
+    sys.path.insert(0, str(OUT.parents[1]))
+    from tests.integration.test_ranks import DDP
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "ddp.py").write_text(DDP)
+        for _ in range(tries):
+            subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                            "-m", "memprof", "trace", "ddp.py", "-o", "run.memprof", "--force"], cwd=tmp, check=True)
+            for rank in (0, 1):
+                path = Path(tmp) / f"run.rank{rank}.memprof"
+                if bucket_freed_elsewhere(memprof.load(path)):
+                    shutil.copy(path, out)
+                    return
+    raise SystemExit(f"no rank's bucket was freed by another thread in {tries} runs")
 
 
 def real_snapshot(out: Path) -> None:
@@ -99,8 +133,14 @@ if __name__ == "__main__":
     p.add_argument("--blocks", action="store_true", help="the GQA decoder's caching-allocator fixture (needs a GPU)")
     p.add_argument("--snapshot", action="store_true", help="a real _dump_snapshot of the MLP (needs a GPU)")
     p.add_argument("--remat", action="store_true", help="the bundled Llama under --remat light (CPU)")
+    p.add_argument("--ddp", action="store_true", help="a DDP rank whose bucket a gloo thread frees (CPU, torchrun)")
     ns = p.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
+    if ns.ddp:
+        out = OUT / "ddp_rank_cpu.memprof"
+        ddp_rank(out)
+        print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+        raise SystemExit(0)
     if ns.snapshot:
         out = OUT / "tiny_snapshot_cuda.pickle"
         real_snapshot(out)

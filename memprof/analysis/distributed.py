@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from memprof._events import Kind
 from memprof.analysis.labels import Category, LabelContext
 from memprof.analysis.scopes import inside
 from memprof.analysis.timeline import mark_windows
 
 DDP_BUCKETS_BEGIN = "ddp: buckets begin"
 DDP_BUCKETS_END = "ddp: buckets end"
+COLLECTIVE_PREFIX = "c10d::"  # the dispatcher's name for every collective op (c10d::broadcast_, ...)
 # scope-name prefixes, the more specific first (all_gather_copy_out also starts with all_gather)
 FSDP_SCOPES = (("FSDP::all_gather_copy_out", Category.UNSHARDED_PARAMETER),
                ("FSDP::all_gather", Category.ALL_GATHER),
@@ -62,17 +64,23 @@ def label_distributed(ctx: LabelContext, eager: np.ndarray, joined: np.ndarray, 
         where = inside(rows, threads, windows)
         ends = np.asarray([w[2] for w in windows], dtype=np.int64)
         buckets = (where >= 0) & ~done
-        free_row = ctx.free_row[eager]
-        buckets &= free_row > ends[np.maximum(where, 0)]  # outlives the call that made it
-        # but not what a collective holds until it completes and its thread lets go of (the bucket
-        # indices `_rebuild_buckets` broadcasts: a few bytes freed on gloo's thread, at times after
-        # the call): the reducer's buckets are freed by the thread that made them, or never
-        freed = free_row < len(ctx.raw)
-        free_thread = ctx.raw["thread"][np.minimum(free_row, len(ctx.raw) - 1)].astype(np.int64)
-        buckets &= ~freed | (free_thread == threads)
+        buckets &= ctx.free_row[eager] > ends[np.maximum(where, 0)]  # outlives the call that made it
+        # and is made after the call's last collective: the rebuild first broadcasts the new bucket
+        # layout (`sync_bucket_indices`: a few int32 bytes a gloo thread lets go of, at times well
+        # after the call), then makes the buckets
+        buckets &= rows > _last_collective(ctx, windows)[np.maximum(where, 0)]
         ctx.category[eager[buckets]] = Category.DDP_BUCKET
         ctx.node[eager[buckets]] = ctx.names("ddp:buckets")
 
+
+def _last_collective(ctx: LabelContext, windows: list[tuple[int, int, int, int]]) -> np.ndarray:
+    """Per window, the row of the last collective (a `c10d::` scope) its thread began in it, or its start."""
+    ids = np.asarray([i for s, i in ctx.scope_id.items() if s.startswith(COLLECTIVE_PREFIX)], dtype=np.int64)
+    begins = np.flatnonzero((ctx.raw["kind"] == Kind.SCOPE_BEGIN) & np.isin(ctx.raw["scope"], ids))
+    where = inside(begins, ctx.raw["thread"][begins].astype(np.int64), windows)
+    last = np.asarray([w[1] for w in windows], dtype=np.int64)
+    np.maximum.at(last, where[where >= 0], begins[where >= 0])
+    return last
 
 def _unsharded_gradients(ctx: LabelContext, pos: np.ndarray, in_backward: np.ndarray) -> None:
     """Backward allocations outside FSDP's scopes that die inside `FSDP::post_backward_*`."""

@@ -140,3 +140,22 @@ def test_the_step_table_has_each_steps_exact_figures(cap: memprof.Capture) -> No
         assert r["duration_ms"] == pytest.approx((s.t_end_ns - s.t_start_ns) / 1e6)
     text = render("table", cap, by="step")
     assert f"{max(s.peak for s in steps):,}" in text and "highest" in text
+
+
+def test_a_ddp_bucket_a_gloo_thread_frees_is_still_the_bucket() -> None:
+    """DDP's rebuilt bucket, freed at the end by one of gloo's threads, is the bucket at every step; the
+    bucket layout the rebuild broadcasts before it (a few int32 bytes gloo lets go of after the call)
+    is not."""
+    import sys
+
+    sys.path.insert(0, str(FIXTURES.parents[1] / "tools"))
+    from make_fixtures import bucket_freed_elsewhere
+
+    cap = memprof.load(FIXTURES / "ddp_rank_cpu.memprof")
+    assert bucket_freed_elsewhere(cap)  # what the fixture is for (tools/make_fixtures.py --ddp)
+    params = (64 * 256 + 256 + 256 * 64 + 64) * 4  # the Linear(64, 256), Linear(256, 64) of test_ranks' script
+    steps = cap.steps("cpu")
+    assert len(steps) == 3
+    for s in steps:
+        rows = {r.key: r.bytes for r in cap.attribution(at=f"step:{s.step}", by="category")}
+        assert rows.get("ddp_bucket") == params, (s.step, rows)
