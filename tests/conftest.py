@@ -33,9 +33,20 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shutil.rmtree(config.stash.get(_CACHE_KEY, ""), ignore_errors=True)
 
 
+# The files that compile and run the most (a minute or more of a 2-core machine's time each),
+# longest first. Collected first, they go to the worker processes first (pytest-xdist hands out
+# whole files in collection order), so that no worker starts one of them while the others are
+# finishing: collected in name order, test_remat.py and test_sweep.py came last and one worker ran
+# alone for a minute or more at the end.
+HEAVIEST_FILES = ("test_remat.py", "test_sweep.py", "test_fit.py", "test_ranks.py", "test_attribution.py",
+                  "test_fit_runs.py", "test_step_windows.py", "test_as_python.py")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     import torch
 
+    rank = {name: i for i, name in enumerate(HEAVIEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -85,7 +85,7 @@ def test_llama_gradients_equal_eager(budget: float, mode: str) -> None:
         assert r.recompute_cost <= r.stock_recompute_cost  # saving more never adds recomputation
 
 
-@pytest.mark.parametrize("budget", [0.0, 0.05, 0.3, 1.0])
+@pytest.mark.parametrize("budget", [0.05, 1.0])  # (budgets 0.0 and 0.3: test_llama_gradients_equal_eager)
 def test_dropout_free_mlp_gradients_equal_eager(budget: float) -> None:
     model, x = _mlp()
     ref = _grads(copy.deepcopy(model), x)
