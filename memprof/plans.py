@@ -93,7 +93,9 @@ class Plan:
     @staticmethod
     def from_json(d: dict[str, Any]) -> Plan:
         def graph(g: dict[str, Any]) -> FxGraph:  # fields a later memprof adds are skipped
-            return FxGraph([FxNode(**{k: v for k, v in n.items() if k in _FX_FIELDS}) for n in g["nodes"]])
+            return FxGraph([FxNode(**n) if n.keys() <= _FX_FIELDS else FxNode(**{k: v for k, v in n.items()
+                                                                                 if k in _FX_FIELDS})
+                            for n in g["nodes"]])
 
         return Plan(
             index=int(d["index"]), backend=str(d["backend"]), partitioner=str(d.get("partitioner", "")),

@@ -255,14 +255,23 @@ def _apply_known(ctx: LabelContext, tensors: Sequence[KnownTensor], alloc_pos: n
     at[order] = np.arange(len(order))
     j = last[at[n:]]  # per record: the merged index of its allocation candidate (-1: none)
     a = np.where(j >= 0, order[np.maximum(j, 0)], 0)
-    ok = (j >= 0) & (ptrs[a] == k_ptr) & (t_free[a] > k_t)
-    for k in np.flatnonzero(ok).tolist():
-        _t, _device, _ptr, _nbytes, category, name = mine[k]
-        pos = int(alloc_pos[a[k]])
-        cat = CATEGORY_OF_KNOWN.get(category)
-        if cat is None or (cat == Category.GRADIENT and ctx.category[pos] == Category.DDP_BUCKET):
-            continue  # (gradients as views into DDP's bucket, gradient_as_bucket_view: the block stays the bucket)
-        ctx.set(pos, cat, f"{category}:{name}", known_layer(name), ctx.names.names[ctx.kernel[pos]])
+    ks = np.flatnonzero((j >= 0) & (ptrs[a] == k_ptr) & (t_free[a] > k_t))
+    pos = alloc_pos[a[ks]]
+    cat = np.asarray([CATEGORY_OF_KNOWN.get(mine[k][4], -1) for k in ks.tolist()], dtype=np.int8)
+    # (gradients as views into DDP's bucket, gradient_as_bucket_view: the block stays the bucket)
+    keep = (cat >= 0) & ~((cat == Category.GRADIENT) & (ctx.category[pos] == Category.DDP_BUCKET))
+    ks, pos, cat = ks[keep], pos[keep], cat[keep]
+    # a record's labels once per (category, name): a capture records each tensor at every step
+    ids: dict[tuple[str, str], tuple[int, int]] = {}
+    node, layer = np.empty(len(ks), np.int32), np.empty(len(ks), np.int32)
+    for i, k in enumerate(ks.tolist()):
+        key = (mine[k][4], mine[k][5])
+        got = ids.get(key)
+        if got is None:
+            got = ids[key] = (ctx.names(f"{key[0]}:{key[1]}"), ctx.names(known_layer(key[1])))
+        node[i], layer[i] = got
+    last = len(pos) - 1 - np.unique(pos[::-1], return_index=True)[1]  # the later record of an allocation wins
+    ctx.category[pos[last]], ctx.node[pos[last]], ctx.layer[pos[last]] = cat[last], node[last], layer[last]
 
 
 def point_of(tl: Timeline, at: str, steps: Sequence[tuple[int, int]]) -> int:

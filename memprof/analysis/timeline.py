@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memprof._events import FLAG_CARRIED, FLAG_UNFOLLOWED_THREAD, SEGMENT_KINDS, Kind, kind_mask, parse_device
+from memprof.analysis.scopes import inside
 from memprof.analysis.units import round_up_array
 
 _MEMORY_KINDS = np.array([Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED], dtype=np.uint8)
@@ -345,16 +346,16 @@ def mark_windows(raw: np.ndarray, strings: Sequence[str], start: str, stop: str)
     if len(marks) == 0:
         return []
     marks = marks[np.isin(raw["scope"][marks], start_ids + stop_ids)]
-    is_start, is_stop = np.isin(raw["scope"][marks], start_ids), np.isin(raw["scope"][marks], stop_ids)
-    out: list[tuple[int, int, int, int]] = []
-    open_at: dict[int, int] = {}
-    for row, thread, begin, end in zip(marks.tolist(), raw["thread"][marks].tolist(), is_start.tolist(),
-                                       is_stop.tolist(), strict=True):
-        if begin:
-            open_at[thread] = row
-        elif end and thread in open_at:
-            out.append((thread, open_at.pop(thread), row, start_ids[0]))
-    return sorted(out)
+    # a stop closes the start just before it on its thread (a start with no stop before the next start
+    # is dropped, and so is a stop with no start before it): vectorized, a capture holds a pair of
+    # marks per garbage collection, thousands of them
+    threads = raw["thread"][marks].astype(np.int64)
+    order = np.lexsort((marks, threads))
+    marks, threads = marks[order], threads[order]
+    is_start = np.isin(raw["scope"][marks], start_ids)
+    pair = np.flatnonzero((threads[1:] == threads[:-1]) & is_start[:-1] & ~is_start[1:])
+    return [(t, b, e, start_ids[0]) for t, b, e in zip(threads[pair].tolist(), marks[pair].tolist(),
+                                                         marks[pair + 1].tolist(), strict=True)]
 
 
 def gc_freed_positions(raw: np.ndarray, timeline: Timeline, strings: Sequence[str]) -> np.ndarray:
@@ -366,12 +367,7 @@ def gc_freed_positions(raw: np.ndarray, timeline: Timeline, strings: Sequence[st
         return np.zeros(0, np.int64)
     frees = np.flatnonzero(~timeline.is_alloc)
     free_rows = timeline.rows[frees]
-    free_threads = raw["thread"][free_rows]
-    inside = np.zeros(len(frees), dtype=bool)
-    for thread, begin, end, _ in windows:
-        lo, hi = np.searchsorted(free_rows, [begin, end])
-        inside[lo:hi] |= free_threads[lo:hi] == thread
-    return frees[inside]
+    return frees[inside(free_rows, raw["thread"][free_rows].astype(np.int64), windows) >= 0]
 
 
 def freed_bytes(timeline: Timeline, positions: np.ndarray, start_row: int = 0, end_row: int | None = None) -> int:

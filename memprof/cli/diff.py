@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from memprof.cli.options import Limit
+from memprof.cli.options import Limit, reads_captures
 
 _BY = ("category", "node", "layer", "kernel")
 
@@ -26,6 +26,7 @@ _BY = ("category", "node", "layer", "kernel")
 @click.option("--force", is_flag=True, help="Overwrite an existing --html file.")
 @click.option("--fail-above", type=Limit(), default=None,
               help="Exit 1 when B's bytes exceed A's by more than this (64MB, 1GiB or 5%): a memory regression gate.")
+@reads_captures
 def diff(a_file: str, b_file: str, at: str, device: str | None, by: tuple[str, ...], top: int, as_json: bool,
          html_out: str | None, force: bool, fail_above: int | float | None) -> int:
     """Compare capture B with capture A (e.g. stock against --remat light, eager against compiled,

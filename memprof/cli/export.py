@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from memprof.cli.options import StepWindow
+from memprof.cli.options import StepWindow, reads_captures
 
 
 class _Formats(click.Choice):  # type: ignore[type-arg]  # generic only in click >= 8.2
@@ -31,6 +31,7 @@ class _Formats(click.Choice):  # type: ignore[type-arg]  # generic only in click
                    "their kernels; or none (counters and markers only: a long capture's trace).")
 @click.option("--steps", type=StepWindow(), default=None,
               help="Chrome: only steps A to B (e.g. 10:12), counters opened by their values where step A begins.")
+@reads_captures
 def export(capture_file: str, fmt: str, output: str | None, force: bool, max_counter_points: int | None,
            slices: str | None, steps: tuple[int, int] | None) -> None:
     """Convert CAPTURE; the Chrome trace opens in ui.perfetto.dev or chrome://tracing, the HTML report

@@ -1,9 +1,12 @@
-"""Shared option types for the CLI."""
+"""Shared option types and command decorators for the CLI."""
 
 from __future__ import annotations
 
+import functools
+import gc
 import math
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
@@ -88,3 +91,25 @@ class ScriptCommand(click.Command):
         if split.script is None:
             return super().parse_args(ctx, args)
         return super().parse_args(ctx, [*split.before, *split.taken, "--", split.script, *split.script_args])
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def reads_captures(command: F) -> F:
+    """A command that only reads captures (report, export, diff) runs without Python's cyclic
+    garbage collector: reading one makes hundreds of thousands of small objects (the plans' FX
+    nodes, the strings) and no reference cycles, and every full collection walks them all (a tenth of
+    `report`'s time on the paper Llama's capture). The collector's state is restored after (the
+    commands also run inside other processes: tests, notebooks)."""
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        was = gc.isenabled()
+        gc.disable()
+        try:
+            return command(*args, **kwargs)
+        finally:
+            if was:
+                gc.enable()
+
+    return run  # type: ignore[return-value]

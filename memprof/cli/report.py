@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from memprof.cli.options import reads_captures
+
 
 @click.command(short_help="Summarize a .memprof capture.")
 @click.argument("capture_file", metavar="CAPTURE")
@@ -18,6 +20,7 @@ import click
 @click.option("--top", type=click.IntRange(min=1), default=None,
               help="Rows shown [default: 8 in the summary, 20 in --by tables; JSON tables: all].")
 @click.option("--rank", type=int, default=None, help="Of a distributed run's rank files: report this rank.")
+@reads_captures
 def report(capture_file: str, by: str | None, at: str, device: str | None, as_json: bool, top: int | None,
            rank: int | None) -> None:
     """Print the peak per device, what is live there by category, the largest allocations and steps.
