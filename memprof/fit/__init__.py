@@ -197,16 +197,22 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
     down (MAX_VERIFY runs at most)."""
     from memprof.sweep.manifest import prepare_dir
 
-    predicted: dict[int, list[Candidate]] = {}
+    searched: dict[int, Search] = {}
 
-    def predict(value: int) -> list[Candidate]:
-        if value not in predicted:
+    def search(value: int) -> Search:
+        if value not in searched:
             sub = scale_dir(out, value)
             prepare_dir(sub, True)
-            predicted[value] = _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs,
-                                          timeout, progress).candidates
-        return predicted[value]
+            searched[value] = _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs,
+                                         timeout, progress)
+        return searched[value]
 
+    def predict(value: int) -> list[Candidate]:
+        return search(value).candidates
+
+    first = search(values[(len(values) - 1) // 2])  # (bisection's first probe)
+    if not first.compiled:
+        return _scale_as_is(script, args, template, values, limit, out, timeout, progress, first.error)
     result = ScaleResult(template, list(values), limit, bisect(values, predict, limit))
     result.answer = answer(result.probes)
     value = result.answer.value if result.answer is not None and result.answer.choice is not None else None
@@ -232,6 +238,37 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
         if measured.within(limit):
             return result
         result.over.append((value, measured))
+    return result
+
+
+def _scale_as_is(script: str, args: Sequence[str], template: str, values: Sequence[int], limit: int, out: Path,
+                 timeout: float | None, progress: Callable[[object], None] | None, error: str | None) -> ScaleResult:
+    """`fit --scale` of a script with nothing to set (no compiled graph with a backward): each value
+    probed runs as it is, by bisection, and the largest value whose run stayed under the limit is the
+    answer, proved by that run. A run that fails (out of memory, say) counts as over the limit."""
+    from memprof.sweep.manifest import prepare_dir
+
+    result = ScaleResult(template, list(values), limit, compiled=False)
+    if error:  # (the script did not get that far in its prediction: it failed)
+        result.failed.append(error)
+        return result
+    lo, hi = 0, len(values) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        value, sub = values[mid], scale_dir(out, values[mid])
+        prepare_dir(sub, True)
+        ran = _verify(script, with_value(args, template, value), Config(1.0), sub, 1, timeout, progress)
+        if isinstance(ran, str):
+            result.failed.append(f"{template.replace('{}', str(value))}: {ran}")
+            hi = mid - 1
+            continue
+        fits = ran.within(limit)
+        as_is = Candidate(Config(1.0), ran.step_peak, ran.resident)
+        result.probes.append(Probe(value, as_is if fits else None, as_is, ran))
+        if fits:
+            result.answer, result.measured, lo = result.probes[-1], ran, mid + 1
+        else:
+            hi = mid - 1
     return result
 
 
@@ -264,7 +301,7 @@ def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
     if best is None or best.peak is None:
         errors = "; ".join(sorted({c.error for c in candidates if c.error}))[:300]
         raise MemprofError(f"{asked} {fmt_bytes(limit)}: no configuration could be predicted "
-                           f"({errors or 'no compiled graph'})")
+                           f"({errors or 'every prediction ended without a figure'})")
     say(f"memprof: warning: {asked} {fmt_bytes(limit)}: nothing is predicted to fit; running the smallest, "
         f"{best.config.label}, predicted {fmt_bytes(best.peak)} ({fmt_bytes(best.peak - limit)} over; memprof fit "
         "says what would close the gap)")

@@ -4,11 +4,12 @@ why nothing fits and what would; as text and as JSON."""
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 from typing import Any
 
 from memprof.analysis.units import fmt_bytes
 from memprof.fit.plan import Candidate, FitResult, Measured, fitting, others, preference, reserved_overhead, smallest
-from memprof.fit.scale import Probe, ScaleResult, with_value
+from memprof.fit.scale import Probe, ScaleResult, scale_dir, with_value
 
 
 def _share(n: int, limit: int) -> str:
@@ -159,6 +160,8 @@ def format_scale(r: ScaleResult, command: list[str]) -> str:
     name = r.template.replace("{}", "N")
     head = (f"memprof fit --scale: the largest {name} under {fmt_bytes(r.limit)} ({r.limit:,} B) for "
             f"{shlex.join(command)}")
+    if not r.compiled:
+        return _format_as_is(r, command, name, head)
     lines = [head]
     for p in sorted(r.probes, key=lambda p: p.value):
         if p.choice is not None and p.choice.peak is not None:
@@ -196,22 +199,53 @@ def format_scale(r: ScaleResult, command: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _format_as_is(r: ScaleResult, command: list[str], name: str, head: str) -> str:
+    """A script with nothing to set: each value probed ran as it is."""
+    if not r.probes:  # (it failed before its first backward, or at every value run)
+        return "\n".join([f"NOT MEASURED: {'; '.join(r.failed)}", head])
+    nothing = "the script compiles no graph with a backward (torch.compile): nothing to set, each value ran as it is"
+    lines = [head, f"  ({nothing})"]
+    for p in sorted(r.probes, key=lambda p: p.value):
+        if p.ran is not None:
+            used = max(p.ran.peak, p.ran.reserved_peak or 0)
+            verdict = "fits" if p.ran.within(r.limit) else (
+                f"{fmt_bytes(used - r.limit)} over" if used > r.limit else f"not within: {p.ran.error or 'inexact'}")
+            lines.append(f"  {p.value:>8}: ran, {fmt_bytes(used)} ({verdict})")
+    lines += [f"  run failed: {f}" for f in r.failed]
+    if r.answer is None or r.measured is None:
+        lines.insert(0, f"DOES NOT FIT AS IT IS at any value of {name} run (from {r.values[0]})")
+        return "\n".join(lines)
+    value = r.answer.value
+    lines.insert(0, f"FITS AS IT IS: {r.template.replace('{}', str(value))}")
+    higher = [v for v in r.values if v > value]
+    if higher:
+        lines.append(f"  the next value, {higher[0]}, " + ("ran over the limit" if any(
+            p.value == higher[0] for p in r.probes) else "lies above a value that ran over the limit"))
+    lines.append(f"  run it:  memprof trace {shlex.join(with_value(command, r.template, value))}")
+    return "\n".join(lines)
+
+
 def scale_json(r: ScaleResult) -> dict[str, Any]:
     a, m = r.answer, r.measured
     return {
-        "limit_bytes": r.limit, "template": r.template, "values": r.values,
+        "limit_bytes": r.limit, "template": r.template, "values": r.values, "compiled": r.compiled,
         "fits": r.fits, "value": a.value if a is not None else None,
-        "choice": a.choice.config.to_json() if a is not None and a.choice is not None else None,
-        "predicted_peak_bytes": a.choice.peak if a is not None and a.choice is not None else None,
+        "choice": a.choice.config.to_json() if a is not None and a.choice is not None and r.compiled else None,
+        "predicted_peak_bytes": a.choice.peak if a is not None and a.choice is not None and r.compiled else None,
         "measured_peak_bytes": m.peak if m is not None else None,
         "measured_reserved_bytes": m.reserved_peak if m is not None else None,
         "probes": [_probe(p) for p in sorted(r.probes, key=lambda p: p.value)],
+        "failed_runs": r.failed,
         "runs_over_limit": [{"value": v, **m.config.to_json(), "peak_bytes": m.peak,
                              "reserved_peak_bytes": m.reserved_peak} for v, m in r.over],
     }
 
 
 def _probe(p: Probe) -> dict[str, Any]:
+    if p.ran is not None:  # (run as it is: measured, nothing predicted)
+        return {"value": p.value, "fits": p.choice is not None, "measured_peak_bytes": p.ran.peak,
+                "measured_reserved_bytes": p.ran.reserved_peak,
+                "capture": f"{scale_dir(Path(), p.value).name}/{p.ran.capture}"}  # (fit.json's folder)
     shown = p.choice or p.smallest
     return {"value": p.value, "fits": p.choice is not None,
             "predicted_peak_bytes": shown.peak if shown is not None else None,

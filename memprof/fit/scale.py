@@ -63,6 +63,7 @@ class Probe:
     value: int
     choice: Candidate | None  # the preferred configuration predicted to fit at this value
     smallest: Candidate | None
+    ran: Measured | None = None  # a script with nothing to set: its run as it is at this value
 
 
 @dataclass
@@ -75,6 +76,7 @@ class ScaleResult:
     measured: Measured | None = None  # the answer's verifying run
     failed: list[str] = field(default_factory=list)  # why that run left no figures
     over: list[tuple[int, Measured]] = field(default_factory=list)  # runs over the limit, (value, run), in order
+    compiled: bool = True  # False: the script compiles no graph with a backward; each value ran as it is
 
     @property
     def fits(self) -> bool:

@@ -172,8 +172,8 @@ def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
 
 def test_a_script_that_compiles_nothing_is_measured_as_it_is(tmp_path: Path) -> None:
     """No graph with a backward is compiled: no budget or remat mode applies. `fit` says so and runs
-    the script as it is (exit 1 over the limit, with what would close the gap); `trace --budget SIZE`
-    refuses in one line."""
+    the script as it is (exit 1 over the limit, with what would close the gap); `fit --scale` runs
+    each value it probes as it is; `trace --budget SIZE` refuses in one line."""
     script = tmp_path / "eager.py"
     script.write_text("import torch\nm = torch.nn.Linear(64, 64)\nopt = torch.optim.AdamW(m.parameters())\n"
                       "for _ in range(3):\n    m(torch.randn(8, 64)).sum().backward(); opt.step(); opt.zero_grad()\n")
@@ -188,6 +188,24 @@ def test_a_script_that_compiles_nothing_is_measured_as_it_is(tmp_path: Path) -> 
     failing = tmp_path / "fails.py"
     failing.write_text('raise SystemExit("no data at /data/train")\n')
     res = run_memprof("fit", "--memory", "10kB", "--budgets", "1.0", "-o", "out2", str(failing), cwd=tmp_path)
+    assert res.returncode == 1 and res.stdout.startswith(
+        "NOT MEASURED: the script ended before any compiled graph's backward (exit): no data at /data/train")
+    # --scale: each value probed runs as it is, the largest under the limit is the answer, proved by its run
+    scaled = tmp_path / "scaled.py"
+    scaled.write_text("import sys, torch\nm = torch.nn.Linear(256, 256)\nbatch = int(sys.argv[1])\n"
+                      "for _ in range(2):\n    m(torch.randn(batch, 256)).sum().backward()\n")
+    res = run_memprof("fit", "--memory", "3MB", "--scale", "{}", "8,4096", "--budgets", "1.0", "-o", "out3",
+                      "--json", str(scaled), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["compiled"] is False and doc["fits"] is True and doc["value"] == 8 and doc["choice"] is None
+    assert [(p["value"], p["fits"]) for p in doc["probes"]] == [(8, True), (4096, False)]
+    for p in doc["probes"]:
+        assert p["measured_peak_bytes"] == memprof.load(tmp_path / "out3" / p["capture"]).peak("cpu")
+    assert doc["measured_peak_bytes"] == doc["probes"][0]["measured_peak_bytes"] <= 3_000_000
+    assert doc["probes"][1]["measured_peak_bytes"] > 3_000_000  # (its input alone is 4 MiB)
+    res = run_memprof("fit", "--memory", "3MB", "--scale", "{}", "8,64", "--budgets", "1.0", "-o", "out4",
+                      str(failing), cwd=tmp_path)
     assert res.returncode == 1 and res.stdout.startswith(
         "NOT MEASURED: the script ended before any compiled graph's backward (exit): no data at /data/train")
     res = invoke_memprof("trace", "--budget", "1GB", "-o", "t.memprof", str(script), cwd=tmp_path)
