@@ -16,11 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import memprof
 from memprof._events import EVENT_DTYPE
 from memprof.analysis.wrapper_code import parse_wrapper
 from memprof.errors import CaptureFileError, MemprofError
+from memprof.fileformat import json_depth
 from memprof.reporters.text import render_text
 
 from ..conftest import invoke_memprof, one_line_error
@@ -111,6 +114,28 @@ def test_deeply_nested_json_is_refused(tmp_path: Path) -> None:
     members["meta.json"] = json.dumps(meta).encode()
     with pytest.raises(CaptureFileError, match="nested too deeply"):
         memprof.load(_write(tmp_path / "deep2.memprof", members))
+
+
+def _nesting(value: object) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_nesting(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_nesting(v) for v in value), default=0)
+    return 0
+
+
+_TRICKY = st.text(alphabet='[]{}"\\ab\n\u00e9', max_size=8)  # brackets, quotes and escapes in strings
+_JSON = st.recursive(st.none() | st.integers() | _TRICKY,
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_TRICKY, inner, max_size=3),
+                     max_leaves=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_JSON, st.booleans())
+def test_the_nesting_is_read_from_the_text_as_the_value_nests(value: object, ascii_only: bool) -> None:
+    """The depth check reads the JSON text in columns: the depth of the value it parses to, whatever
+    its strings hold (brackets, escaped quotes and backslashes, non-ASCII text)."""
+    assert json_depth(json.dumps(value, ensure_ascii=ascii_only).encode()) == _nesting(value)
 
 
 def test_an_events_header_claiming_too_many_events_is_refused(tmp_path: Path) -> None:
