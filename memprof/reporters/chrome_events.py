@@ -23,6 +23,7 @@ from memprof.analysis.scopes import SliceTable
 from memprof.analysis.timeline import downsample
 from memprof.analysis.units import fmt_bytes
 from memprof.capture import Capture
+from memprof.plans import CompiledGraph
 
 CHUNK = 1 << 16  # events formatted at once
 
@@ -162,9 +163,9 @@ def kernel_nodes(cap: Capture, table: SliceTable) -> dict[int, tuple[str, str]]:
     begins = table.begin_row[order]
     out: dict[int, tuple[str, str]] = {}
     written: dict[int, dict[int, list[str]]] = {}  # graph -> call index -> buffers it writes first
+    found_in: dict[tuple[int, bytes], list[tuple[int, tuple[str, str]]]] = {}
     for c in np.flatnonzero(np.isin(table.scope, list(ids))).tolist():
         graph = ids[int(table.scope[c])]
-        calls = graph.wrapper.calls_by_scope
         if id(graph) not in written:
             by_call: dict[int, list[str]] = {}
             for buf, w in graph.wrapper.writer.items():
@@ -173,18 +174,33 @@ def kernel_nodes(cap: Capture, table: SliceTable) -> dict[int, tuple[str, str]]:
         lo, hi = np.searchsorted(begins, [table.begin_row[c] + 1, table.end_row[c]])
         inner = order[lo:hi]
         inner = inner[(table.thread[inner] == table.thread[c]) & (table.depth[inner] == table.depth[c] + 1)]
-        seen: dict[int, int] = {}
-        for i, scope in zip(inner.tolist(), table.scope[inner].tolist(), strict=True):
-            k = seen.get(scope, 0)
-            seen[scope] = k + 1
-            at = calls.get(names[scope], ()) if 0 <= scope < len(names) else ()
-            if k >= len(at):
-                continue
-            call = graph.wrapper.calls[at[k]]
-            bufs = [call.out] if call.out else written[id(graph)].get(call.index, [])
-            found = [n for b in bufs for n in graph.origins.get(b, [])]
-            if found:
-                out[i] = (f"{graph.role} {graph.key}", ", ".join(dict.fromkeys(found)))
+        scopes = table.scope[inner]
+        key = (id(graph), scopes.tobytes())  # every call of a graph that runs the same kernels: one walk
+        if key not in found_in:
+            found_in[key] = _call_nodes(graph, scopes.tolist(), names, written[id(graph)])
+        for j, label in found_in[key]:
+            out[int(inner[j])] = label
+    return out
+
+
+def _call_nodes(graph: CompiledGraph, scopes: list[int], names: Sequence[str], written: dict[int, list[str]],
+                ) -> list[tuple[int, tuple[str, str]]]:
+    """(position among the call's slices, (graph, FX nodes)) of the slices whose wrapper call writes
+    buffers with known FX nodes."""
+    calls = graph.wrapper.calls_by_scope
+    seen: dict[int, int] = {}
+    out = []
+    for j, scope in enumerate(scopes):
+        k = seen.get(scope, 0)
+        seen[scope] = k + 1
+        at = calls.get(names[scope], ()) if 0 <= scope < len(names) else ()
+        if k >= len(at):
+            continue
+        call = graph.wrapper.calls[at[k]]
+        bufs = [call.out] if call.out else written.get(call.index, [])
+        found = [n for b in bufs for n in graph.origins.get(b, [])]
+        if found:
+            out.append((j, (f"{graph.role} {graph.key}", ", ".join(dict.fromkeys(found)))))
     return out
 
 
