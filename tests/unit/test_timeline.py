@@ -208,3 +208,22 @@ def test_begins_without_their_end_are_paired_in_columns_as_the_rule_pairs_them()
     assert sorted(zip(*(c.tolist() for c in got), strict=True)) == sorted(
         (p.begin, p.end, p.depth, p.closed) for p in pair(kinds, scopes))
     assert (2, 3, 2, False) in sorted(zip(*(c.tolist() for c in got), strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 1, 2]), st.sampled_from([1, 2, 3])), max_size=40))
+def test_marks_pair_as_each_threads_last_start_closed_by_its_stop(marks: list[tuple[int, int]]) -> None:
+    """`mark_windows` (in columns) pairs a stop with the start just before it on its thread, as one
+    walk of the marks in order does; other marks (id 3) and other threads do not interfere."""
+    from memprof.analysis.timeline import mark_windows
+
+    raw = events(*[(Kind.MARK, 0, 0, scope) for _thread, scope in marks])
+    raw["thread"] = [thread for thread, _scope in marks]
+    strings = ["", "start", "stop", "other"]
+    expected, open_at = [], {}
+    for row, (thread, scope) in enumerate(marks):
+        if scope == 1:
+            open_at[thread] = row
+        elif scope == 2 and thread in open_at:
+            expected.append((thread, open_at.pop(thread), row, 1))
+    assert mark_windows(raw, strings, "start", "stop") == sorted(expected)
