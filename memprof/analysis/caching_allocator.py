@@ -284,10 +284,12 @@ def model_from_segments(segments: Sequence[Mapping[str, Any]], device: int) -> C
 class SteadyStep:
     """A step after the first as the model runs it: the bytes allocated when it starts (what was
     there before the first step, and what the first left: the optimizer's state in the blocks it
-    got) and the most it allocates above that."""
+    got), the most it allocates above that, and the bytes reserved when it ends (the model returns no
+    segment: its reserved peak)."""
 
     start: int
     peak: int
+    reserved: int
 
 
 def steady_peak(model: CachingAllocatorModel, step: Sequence[Sequence[tuple[int, int]]],
@@ -308,4 +310,4 @@ def steady_peak(model: CachingAllocatorModel, step: Sequence[Sequence[tuple[int,
     for requests in step:
         m.run(requests)
         peak = max(peak, m.peak_allocated - start)
-    return SteadyStep(start, peak)
+    return SteadyStep(start, peak, m.reserved)

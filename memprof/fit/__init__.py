@@ -61,7 +61,7 @@ def _candidates(sweep: Sweep) -> list[Candidate]:
                              run_value(run, "predict") if run.ok else None, m.resident if m is not None else None,
                              facts.recomputed_bytes if facts is not None else None,
                              not (facts is not None and facts.recomputed_random),
-                             None if run.ok else (run.error or run.status)))
+                             None if run.ok else (run.error or run.status), m.reserved if m is not None else None))
     return out
 
 
@@ -298,11 +298,11 @@ def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
             f"{fmt_bytes(chosen.peak)} ({chosen.peak:,} B)")
         return chosen.config
     best = smallest(candidates)
-    if best is None or best.peak is None:
+    if best is None or best.need is None:
         errors = "; ".join(sorted({c.error for c in candidates if c.error}))[:300]
         raise MemprofError(f"{asked} {fmt_bytes(limit)}: no configuration could be predicted "
                            f"({errors or 'every prediction ended without a figure'})")
     say(f"memprof: warning: {asked} {fmt_bytes(limit)}: nothing is predicted to fit; running the smallest, "
-        f"{best.config.label}, predicted {fmt_bytes(best.peak)} ({fmt_bytes(best.peak - limit)} over; memprof fit "
+        f"{best.config.label}, predicted {fmt_bytes(best.need)} ({fmt_bytes(best.need - limit)} over; memprof fit "
         "says what would close the gap)")
     return best.config

@@ -43,6 +43,7 @@ class Candidate:
     recomputed_bytes: int | None = None
     random_ops_saved: bool = True  # False: the plan redraws a random op in the backward
     error: str | None = None
+    reserved: int | None = None  # CUDA: the caching allocator's reserved bytes, from its model (often low)
 
     @property
     def peak(self) -> int | None:
@@ -50,6 +51,13 @@ class Candidate:
         if self.step_peak is None or self.resident is None:
             return None
         return self.resident + self.step_peak
+
+    @property
+    def need(self) -> int | None:
+        """The predicted bytes the limit applies to: reserved on CUDA where predicted (a block is
+        reserved before it is allocated), else allocated."""
+        peak = self.peak
+        return None if peak is None else max(peak, self.reserved or 0)
 
 
 def preference(c: Candidate) -> tuple[float, int, int]:
@@ -62,14 +70,15 @@ def preference(c: Candidate) -> tuple[float, int, int]:
 def fitting(candidates: Sequence[Candidate], limit: int) -> list[Candidate]:
     """The candidates predicted to fit under `limit` bytes, in order of preference (random ops
     redrawn in the backward are wrong gradients: those plans never fit)."""
-    ok = [c for c in candidates if c.peak is not None and c.peak <= limit and c.random_ops_saved]
+    ok = [c for c in candidates if c.need is not None and c.need <= limit and c.random_ops_saved]
     return sorted(ok, key=preference)
 
 
 def reserved_overhead(runs: Sequence[Measured]) -> int:
     """The most bytes the caching allocator reserved above the allocated peak in the runs so far that
     ended well (0 on the CPU, or before any run): what a configuration's allocated peak needs beside
-    it under a limit on reserved bytes. The search predicts allocated bytes only."""
+    it under a limit on reserved bytes. (The allocator's model predicts reserved bytes too, but low
+    where a real run reserves segments it never sees: the runs' overhead stands beside it.)"""
     return max((m.reserved_peak - m.peak for m in runs if m.error is None and m.reserved_peak is not None),
                default=0)
 
@@ -84,8 +93,8 @@ def next_to_verify(candidates: Sequence[Candidate], limit: int, runs: Sequence[M
 
 
 def smallest(candidates: Sequence[Candidate]) -> Candidate | None:
-    known = [c for c in candidates if c.peak is not None and c.random_ops_saved]
-    return min(known, key=lambda c: (c.peak or 0, preference(c))) if known else None
+    known = [c for c in candidates if c.need is not None and c.random_ops_saved]
+    return min(known, key=lambda c: (c.need or 0, preference(c))) if known else None
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,12 @@ def _proof(limit: int, m: Measured, cand: Candidate | None) -> list[str]:
                      f"{fmt_bytes(cand.resident or 0)} + step {fmt_bytes(cand.step_peak or 0)}); "
                      f"measured {fmt_bytes(m.peak)} ({m.peak:,} B {what}, prediction {err:+.2%})")
     if m.reserved_peak is not None:
+        predicted = ""
+        if cand is not None and cand.reserved is not None and m.reserved_peak:
+            predicted = (f"; predicted {fmt_bytes(cand.reserved)} by the allocator's model "
+                         f"({(cand.reserved - m.reserved_peak) / m.reserved_peak:+.2%})")
         lines.append(f"  reserved by the caching allocator at most {fmt_bytes(m.reserved_peak)} "
-                     f"({m.reserved_peak:,} B)")
+                     f"({m.reserved_peak:,} B){predicted}")
     top = max(m.peak, m.reserved_peak or 0)
     word = "margin" if top <= limit else "over the limit by"
     lines.append(f"  {word} {fmt_bytes(abs(limit - top))} ({_share(abs(limit - top), limit)} of the limit)")
@@ -114,10 +118,11 @@ def format_fit(r: FitResult) -> str:
         return "\n".join(lines)
     best = smallest(r.candidates)
     lines.insert(0, "DOES NOT FIT: no configuration memprof can set keeps the step under the limit")
-    if best is not None and best.peak is not None:
-        lines.append(f"  the smallest: {best.config.label}, predicted {fmt_bytes(best.peak)}, "
-                     f"{fmt_bytes(best.peak - r.limit)} over" if best.peak > r.limit else
-                     f"  the smallest: {best.config.label}, predicted {fmt_bytes(best.peak)}")
+    if best is not None and best.need is not None:
+        what = "reserved" if best.need > (best.peak or 0) else "allocated"
+        lines.append(f"  the smallest: {best.config.label}, predicted {fmt_bytes(best.need)} {what}, "
+                     f"{fmt_bytes(best.need - r.limit)} over" if best.need > r.limit else
+                     f"  the smallest: {best.config.label}, predicted {fmt_bytes(best.need)} {what}")
     for m in r.verified:
         lines.append(f"  run: {m.config.label}")
         lines += ["  " + x for x in _proof(r.limit, m, r.candidate(m.config))]
@@ -144,7 +149,8 @@ def fit_json(r: FitResult) -> dict[str, Any]:
         "command": (["memprof", "trace", *choice.config.trace_options(), *r.command] if choice is not None else None),
         "python": choice.config.python_lines() if choice is not None else None,
         "candidates": [{**c.config.to_json(), "predicted_peak_bytes": c.peak,
-                        "resident_bytes": c.resident, "step_peak_bytes": c.step_peak,
+                        "predicted_reserved_bytes": c.reserved, "resident_bytes": c.resident,
+                        "step_peak_bytes": c.step_peak,
                         "random_ops_saved": c.random_ops_saved, "error": c.error} for c in r.candidates],
         "verified": [{**m.config.to_json(), "peak_bytes": m.peak,
                       "reserved_peak_bytes": m.reserved_peak, "step_ms": m.step_ms, "capture": m.capture,
@@ -166,9 +172,9 @@ def format_scale(r: ScaleResult, command: list[str]) -> str:
     for p in sorted(r.probes, key=lambda p: p.value):
         if p.choice is not None and p.choice.peak is not None:
             lines.append(f"  {p.value:>8}: fits at {p.choice.config.label}, predicted {fmt_bytes(p.choice.peak)}")
-        elif p.smallest is not None and p.smallest.peak is not None:
-            lines.append(f"  {p.value:>8}: does not fit, the smallest {fmt_bytes(p.smallest.peak)} "
-                         f"({p.smallest.config.label}, {fmt_bytes(p.smallest.peak - r.limit)} over)")
+        elif p.smallest is not None and p.smallest.need is not None:
+            lines.append(f"  {p.value:>8}: does not fit, the smallest {fmt_bytes(p.smallest.need)} "
+                         f"({p.smallest.config.label}, {fmt_bytes(p.smallest.need - r.limit)} over)")
         else:
             lines.append(f"  {p.value:>8}: no prediction")
     if r.answer is None or r.answer.choice is None:

@@ -172,6 +172,11 @@ class Measured:
     # made before the next step (the optimizers' state, the cuBLAS workspaces on CUDA).
     # `resident + step_peak` is the process's peak in a step after the first
     resident: int | None = None
+    # predicted on CUDA: the caching allocator's reserved bytes by the end of a step after the first,
+    # from its model (the segments the first step and the next made, and the cuBLAS workspaces'); low
+    # where a real run allocates what the model never sees (Inductor's autotuning, eager code outside
+    # the compiled graphs), whose segments stay reserved
+    reserved: int | None = None
     # predicted: the bytes of the live modules' parameters on the device (what parameter-count
     # estimators start from: `memprof fit` prints theirs beside its own)
     parameter_bytes: int | None = None

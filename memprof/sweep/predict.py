@@ -232,6 +232,15 @@ def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:
     return book.resident.allocated + book.state_bytes
 
 
+def _reserved(book: _Book, walk: CaptureEstimate | None) -> int | None:
+    """The caching allocator's reserved bytes by the end of a step after the first, where the
+    estimate replayed its model: the model's segments, and a segment per cuBLAS workspace (32 MiB:
+    a segment of its own)."""
+    if walk is None or walk.steady_reserved is None:
+        return None
+    return walk.steady_reserved + book.workspaces
+
+
 def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], remat: str | None, result: Any,
             shared: float, notes: list[str]) -> ChildResult:
     """One budget's prediction: its plans (renumbered) and graphs, and what no budget's stage compiled
@@ -268,7 +277,8 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
         at_peak=explained["estimate_at_peak"], peak_phase=explained["estimate_peak_phase"], at_peak_source="estimate",
         # what this budget alone would take: its own partition and compile, and the shared part
         compile_s=round(shared + own, 2), own_compile_s=round(own, 2), shared_s=round(shared, 2),
-        resident=_resident(book, walk), parameter_bytes=book.resident.parameters if book.resident else None,
+        resident=_resident(book, walk), reserved=_reserved(book, walk),
+        parameter_bytes=book.resident.parameters if book.resident else None,
         **explained)
     return ChildResult(b, remat or "off", status, code, error, measured, details={
         "stopped_at_backward": result.status == "stopped", "group": list(budgets), "ran_script": b == first,

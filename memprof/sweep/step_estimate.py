@@ -65,6 +65,8 @@ class CaptureEstimate:
     # a prediction's (`between` given): the bytes the model holds when a step after the first
     # starts, the state the first step left in the blocks the allocator gave it
     steady_start: int | None = None
+    # and the bytes the model has reserved when that step ends (its segments, never returned)
+    steady_reserved: int | None = None
 
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
@@ -131,16 +133,17 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     if allocator is not None:
         steps = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block)
                  for chain in _chains(links)]
-        start = None
+        start = reserved = None
         if between is not None:
             steady = steady_peak(allocator, steps, between)
-            peak, start = steady.peak, steady.start
+            peak, start, reserved = steady.peak, steady.start, steady.reserved
         else:
             peak = max(block_peak(allocator, requests) for requests in steps)
         at_peak = dict(best.at_peak)
         if peak > best.peak:
             at_peak["unsplit blocks"] = peak - best.peak
-        best = dataclasses.replace(best, peak=peak, at_peak=at_peak, blocks=True, steady_start=start)
+        best = dataclasses.replace(best, peak=peak, at_peak=at_peak, blocks=True, steady_start=start,
+                                   steady_reserved=reserved)
     return best
 
 

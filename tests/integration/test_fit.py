@@ -32,6 +32,19 @@ def test_the_choice_is_the_highest_budget_that_fits() -> None:
     assert sorted(cands, key=preference)[0].config == Config(1.0)
 
 
+def test_a_predicted_reserved_peak_is_what_the_limit_applies_to() -> None:
+    """On CUDA the limit applies to reserved bytes: a configuration whose allocator model reserves
+    more than the limit does not fit, however little it allocates, and the smallest is the one that
+    needs the least."""
+    from dataclasses import replace
+
+    high, low = replace(_candidate(1.0, None, 400), reserved=1_700), replace(_candidate(0.1, None, 500), reserved=1_550)
+    assert (high.need, low.need) == (1_700, 1_550)
+    assert [c.config for c in fitting([high, low], 1_600)] == [Config(0.1)]
+    assert smallest([high, low]) == low
+    assert _candidate(1.0, None, 400).need == 1_400  # (the CPU: no reserved bytes)
+
+
 def test_what_would_close_the_gap_is_computed_from_the_bytes() -> None:
     found = suggestions(600, {"optimizer_state": 1_000, "parameter": 400, "gradient": 400},
                         [("fw0:logits", 2_000)], reserved_slack=0)

@@ -165,3 +165,8 @@ def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> No
     resident = measure(cap, attribution=False).resident
     assert est.steady_start == before.allocated + sum(round_size(n) for n in state) + 7 * MiB
     assert resident is not None and est.steady_start + 64 * MiB - resident == 523_776
+    # the reserved bytes at the end of that step, in the model's segments, with a segment per
+    # workspace: 56 MiB (3.2%) under what this run reserved, whose second step made a 126 MiB segment in
+    # its backward that the model's did not (the cause is not found): low, as fit takes it
+    assert est.steady_reserved is not None and tl.reserved_peak == 1_841_299_456
+    assert est.steady_reserved + 64 * MiB - tl.reserved_peak == -56 * MiB
