@@ -46,7 +46,7 @@ def example_loss(name: str, model: Any, ids: Any, ex: Any = None) -> Any:
     paper's); for BERT a fixed random projection, since a plain sum is ~0 after LayerNorm."""
     import torch
 
-    if ex is not None and hasattr(ex, "loss_fn"):
+    if ex is not None and hasattr(ex, "DTYPE"):  # (the zoo's scripts; Llama's loss_fn is the sum below, fp32)
         from _zoo import precision
 
         dtype = getattr(ex, "dtype_override", None) or ex.DTYPE

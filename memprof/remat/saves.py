@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from memprof.remat.graph import ITEM, RANDOM, VIEW, Node, walk
+from memprof.remat.graph import HEAVY, ITEM, RANDOM, VIEW, Node, walk
 
 
 @dataclass
@@ -219,6 +219,30 @@ def boundary_values(joint: Joint, execute: set[int]) -> list[int]:
     return out
 
 
+def _chains_layers(joint: Joint, saved: set[int], j: int) -> bool:
+    """Whether, without `j` saved, the backward recomputes `j`, with a matrix multiply, to feed
+    another layer's recomputation. The next layer's recomputed values then pull this one's, and so
+    on down the residual stream: Inductor fuses the chain of residual adds into one kernel, which
+    runs once every layer's recomputed projections are made, so all of them are live at once (the
+    walk's estimate schedules each value just before its first use and does not see it). A chain
+    over saved projections recomputes only pointwise ops, and holds nothing more."""
+    execute, _ = backward_needs(joint, saved)
+    nodes = joint.nodes
+    if j not in execute or not any(u in execute and joint.forward[u] and nodes[u].layer != nodes[j].layer
+                                   for u in joint.users[j]):
+        return False
+    seen, stack = set(), [j]
+    while stack:  # j's recomputation: the recomputed values it is made from
+        k = stack.pop()
+        if k in seen or k not in execute:
+            continue
+        seen.add(k)
+        if nodes[k].kind == HEAVY:
+            return True
+        stack.extend(nodes[k].inputs)
+    return False
+
+
 def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fuse: bool = True,
                  pinned: Sequence[int] = ()) -> SaveDecision:
     """The saved set: the stock one, made random-safe, with `pinned` values saved where the backward
@@ -259,6 +283,8 @@ def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fu
                 if time.perf_counter() - t0 > time_limit:
                     decision.notes.append(f"pruning stopped after {time_limit:.1f} s")
                     break
+                if _chains_layers(joint, saved - {j}, j):
+                    continue
                 trial = evaluate(joint, saved - {j}, fuse)
                 evaluations += 1
                 if trial.peak < current.peak:

@@ -119,9 +119,25 @@ def test_outputs_handed_to_a_loss_compiled_apart_bound_the_saved_set() -> None:
     decision = choose_saves(joint, [0, 1])
     assert decision.added == [] and decision.chosen.peak == stock.peak  # judged without the junction: 1810 "won"
     assert every.bw_peak == 1810 < stock.peak
-    # a small output (a loss in the same graph): the junction is no constraint, boundaries pay
+    # a small output (a loss in the same graph): the junction is no constraint, boundaries pay; each
+    # stays, as dropping it would chain the recomputation of one layer's matmul into the next's
     small, _ = _chain_joint(8)
-    assert [small.nodes[j].name for j in choose_saves(small, [0, 1]).added] == ["h3", "h4", "h5", "h6", "h7"]
+    assert [small.nodes[j].name for j in choose_saves(small, [0, 1]).added] == [f"h{i}" for i in range(1, 8)]
+
+
+def test_a_boundary_stays_where_dropping_it_chains_matmuls_across_layers() -> None:
+    """Without h2 saved, the backward recomputes h2 (with layer 1's matmul) to recompute layer 2's
+    values: down the residual stream, Inductor fuses such a chain into one kernel that holds every
+    layer's recomputed matmul at once, which the walk does not model. With layer 1's matmul saved,
+    h2 is recomputed by one add from saved values, and may go."""
+    from memprof.remat.saves import _chains_layers
+
+    joint, _ = _chain_joint(4)
+    names = {n.name: i for i, n in enumerate(joint.nodes)}
+    boundaries = {names[f"h{i}"] for i in range(1, 4)}
+    assert _chains_layers(joint, {0, 1} | boundaries - {names["h2"]}, names["h2"])
+    assert not _chains_layers(joint, {0, 1, names["mm1"]} | boundaries - {names["h2"]}, names["h2"])
+    assert not _chains_layers(joint, {0, 1} | boundaries, names["h2"])  # (saved: nothing recomputes it)
 
 
 def test_random_ops_are_never_recomputed_and_the_mask_is_the_cheapest_cut() -> None:
