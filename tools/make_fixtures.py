@@ -30,7 +30,7 @@ a plan and the remat pass's report (tests/integration/test_html.py).
 
 `--ddp` runs the DDP script of tests/integration/test_ranks.py under torchrun (2 ranks, gloo) until
 one rank's capture shows what made DDP's bucket labels flaky: the bucket the second forward rebuilds
-is freed by a gloo thread, not the thread that made it (about one rank in three does), and keeps
+is freed by a gloo thread, not the thread that made it (3 of 16 rank captures here did), and keeps
 that rank's capture, for a test that does not depend on the run's timing (tests/unit/test_fixtures.py).
 
 `--snapshot` is not memprof's: it is what a user brings, `torch.cuda.memory._dump_snapshot` of the
