@@ -99,9 +99,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 def reads_captures(command: F) -> F:
     """A command that only reads captures (report, export, diff) runs without Python's cyclic
     garbage collector: reading one makes hundreds of thousands of small objects (the plans' FX
-    nodes, the strings) and no reference cycles, and every full collection walks them all (a tenth of
-    `report`'s time on the paper Llama's capture). The collector's state is restored after (the
-    commands also run inside other processes: tests, notebooks)."""
+    nodes, the strings) and no reference cycles, and every full collection walks them all
+    (docs/benchmarks.md, session 7). The collector's state is restored after (the commands also run
+    inside other processes: tests, notebooks)."""
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         was = gc.isenabled()
