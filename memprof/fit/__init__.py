@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from memprof.analysis.labels import CATEGORIES
 from memprof.errors import MemprofError
 from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, next_to_verify, smallest, suggestions
-from memprof.fit.scale import Probe, ScaleResult, answer, bisect, probe, scale_dir, with_value
+from memprof.fit.scale import Probe, ScaleResult, answer, bisect, bisect_probes, probe, scale_dir, with_value
 
 if TYPE_CHECKING:
     from memprof.sweep.result import Sweep
@@ -252,23 +252,20 @@ def _scale_as_is(script: str, args: Sequence[str], template: str, values: Sequen
     if error:  # (the script did not get that far in its prediction: it failed)
         result.failed.append(error)
         return result
-    lo, hi = 0, len(values) - 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        value, sub = values[mid], scale_dir(out, values[mid])
+
+    def run(value: int) -> Probe | None:
+        sub = scale_dir(out, value)
         prepare_dir(sub, True)
         ran = _verify(script, with_value(args, template, value), Config(1.0), sub, 1, timeout, progress)
         if isinstance(ran, str):
             result.failed.append(f"{template.replace('{}', str(value))}: {ran}")
-            hi = mid - 1
-            continue
-        fits = ran.within(limit)
+            return None
         as_is = Candidate(Config(1.0), ran.step_peak, ran.resident)
-        result.probes.append(Probe(value, as_is if fits else None, as_is, ran))
-        if fits:
-            result.answer, result.measured, lo = result.probes[-1], ran, mid + 1
-        else:
-            hi = mid - 1
+        return Probe(value, as_is if ran.within(limit) else None, as_is, ran)
+
+    result.probes = bisect_probes(values, run)
+    result.answer = answer(result.probes)
+    result.measured = result.answer.ran if result.answer is not None else None
     return result
 
 

@@ -84,14 +84,23 @@ class ScaleResult:
 
 
 def bisect(values: Sequence[int], predict: Callable[[int], list[Candidate]], limit: int) -> list[Probe]:
-    """Probes, in the order made, of a bisection for the largest value with a configuration that fits
-    (the peak is taken to grow with the value)."""
+    """Probes, in the order made, of a bisection for the largest value with a configuration predicted
+    to fit."""
+    return bisect_probes(values, lambda v: probe(v, predict(v), limit))
+
+
+def bisect_probes(values: Sequence[int], look: Callable[[int], Probe | None]) -> list[Probe]:
+    """Probes, in the order made, of a bisection for the largest value whose probe fits (has a
+    `choice`; the peak is taken to grow with the value). A value without a probe (`look` gives
+    None: its run failed) counts as not fitting."""
     lo, hi = 0, len(values) - 1
     probes: list[Probe] = []
     while lo <= hi:
         mid = (lo + hi) // 2
-        probes.append(probe(values[mid], predict(values[mid]), limit))
-        if probes[-1].choice is not None:
+        found = look(values[mid])
+        if found is not None:
+            probes.append(found)
+        if found is not None and found.choice is not None:
             lo = mid + 1
         else:
             hi = mid - 1
