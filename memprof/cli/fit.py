@@ -27,12 +27,15 @@ from memprof.cli.options import ScriptCommand
 @click.option("--force", is_flag=True, help="Replace an existing fit directory.")
 @click.option("--timeout", type=click.FloatRange(min=1), default=None, help="Seconds one run may take.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--predictions", "reuse", type=click.Path(exists=True, path_type=Path), default=None,
+              help="An earlier fit of the same command (its output directory): take its predictions instead of "
+                   "compiling again, to try another limit at the cost of the verifying run alone.")
 @click.option("--scale", nargs=2, default=None, metavar="ARG VALUES",
               help='The largest value of a script argument that fits: ARG has {} where the value goes '
                    '("--batch={}"), VALUES is A:B (doubling), A:B:STEP or a,b,c.')
 def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat: tuple[str, ...],
         jobs: int | None, output: str | None, force: bool, timeout: float | None, as_json: bool,
-        scale: tuple[str, str] | None) -> int:
+        scale: tuple[str, str] | None, reuse: Path | None) -> int:
     """Predict the peak of every configuration memprof can set (stock budgets, and its remat pass at
     each) with no training step, run the one that fits with the least recomputation, and print the
     certificate: the limit, the predicted and measured peak, the margin, the command and the lines
@@ -46,7 +49,7 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
 
     from memprof.analysis.units import parse_size
     from memprof.errors import MemprofError, printable
-    from memprof.fit import device_limit, fit_scale
+    from memprof.fit import check_predictions, device_limit, fit_scale
     from memprof.fit import fit as run_fit
     from memprof.fit.report import fit_json, format_fit, format_scale, scale_json
     from memprof.fit.scale import parse_scale
@@ -67,11 +70,16 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
     budgets = parse_budgets(spec)
     values = parse_scale(*scale) if scale else None
     path = check_script(script)
-    out = Path(output) if output else Path(f"fit_{path.stem}")
-    prepare_dir(out, force, path)
     modes = [m for m in dict.fromkeys(remat) if m != "off"] if remat else ["light"]
+    out = Path(output) if output else Path(f"fit_{path.stem}")
+    if reuse is not None and os.path.realpath(out) in (os.path.realpath(reuse), os.path.realpath(reuse.parent)):
+        raise MemprofError(f"--predictions {reuse} is in the output directory {out}, which this fit replaces: "
+                           "give another -o")
+    if reuse is not None:
+        check_predictions(reuse, script, list(script_args), budgets, modes, scale[0] if scale else None, values or ())
+    prepare_dir(out, force, path)
     jobs = jobs or min(4, os.cpu_count() or 1)
-    total = len(budgets) * (1 + len(modes)) * (max(1, len(values).bit_length()) if values else 1)
+    total = 0 if reuse else len(budgets) * (1 + len(modes)) * (max(1, len(values).bit_length()) if values else 1)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("predicting", total=total)
@@ -84,10 +92,10 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
 
         if scale and values:
             scaled = fit_scale(script, list(script_args), scale[0], values, limit, budgets, modes, out, jobs=jobs,
-                               timeout=timeout, progress=step)
+                               timeout=timeout, progress=step, reuse=reuse)
         else:
             result = run_fit(script, list(script_args), limit, budgets, modes, out, jobs=jobs, timeout=timeout,
-                             progress=step)
+                             progress=step, reuse=reuse)
     record_files(out, "fit.json")
     if scale and values:
         doc, text, fits = scale_json(scaled), format_scale(scaled, [script, *script_args]), scaled.fits

@@ -112,11 +112,12 @@ def _gap_suggestions(result: FitResult, out: Path, measured: Measured) -> None:
 
 
 def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], modes: Sequence[str], out: Path,
-        jobs: int = 1, timeout: float | None = None, progress: Callable[[object], None] | None = None) -> FitResult:
-    """Predict every configuration, verify the preferred one that fits (up to MAX_VERIFY runs), or,
-    when none is predicted to, run the smallest and say what would close the gap. `out` must be
-    ready (`memprof.sweep.prepare_dir`)."""
-    search = _predicted(script, args, budgets, modes, out, jobs, timeout, progress)
+        jobs: int = 1, timeout: float | None = None, progress: Callable[[object], None] | None = None,
+        reuse: Path | None = None) -> FitResult:
+    """Predict every configuration (or take an earlier fit's predictions, `reuse`), verify the
+    preferred one that fits (up to MAX_VERIFY runs), or, when none is predicted to, run the smallest
+    and say what would close the gap. `out` must be ready (`memprof.sweep.prepare_dir`)."""
+    search = _predicted(script, args, budgets, modes, out, jobs, timeout, progress, reuse)
     candidates = search.candidates
     result = FitResult(limit, search.device, candidates, command=[script, *args],
                        parameter_bytes=search.parameter_bytes, compiled=search.compiled)
@@ -170,14 +171,20 @@ class Search(NamedTuple):
 
 
 def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str], out: Path,
-               jobs: int, timeout: float | None, progress: Callable[[object], None] | None) -> Search:
-    """Every configuration predicted into `out` (its predictions kept as search.json)."""
+               jobs: int, timeout: float | None, progress: Callable[[object], None] | None,
+               reuse: Path | None = None) -> Search:
+    """Every configuration predicted into `out` (its predictions kept as search.json), or taken from
+    `reuse`, an earlier fit's search.json of the same command."""
     from memprof.sweep.manifest import record_files
     from memprof.sweep.runner import run_sweep
 
-    search = run_sweep(script, args, budgets, ["stock", *modes], out, jobs=jobs, timeout=timeout,
-                       progress=progress, predict=True)  # (modes: the remat modes beside stock; [] stock only)
     record_files(out, "search.json")
+    if reuse is not None:
+        search = reused(reuse, script, args, budgets, ["stock", *modes])
+        search.save(out)
+    else:
+        search = run_sweep(script, args, budgets, ["stock", *modes], out, jobs=jobs, timeout=timeout,
+                           progress=progress, predict=True)  # (modes: the remat modes beside stock; [] stock only)
     (out / "sweep.json").replace(out / "search.json")
     device = next((r.measured.device for r in search.runs if r.measured is not None), "cpu")
     parameters = next((r.measured.parameter_bytes for r in search.runs if r.measured is not None
@@ -188,13 +195,60 @@ def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes
     return Search(_candidates(search), device, parameters, compiled, error)
 
 
+def check_predictions(path: Path, script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str],
+                      template: str | None = None, values: Sequence[int] = ()) -> None:
+    """Refuse, before anything is written, predictions `fit` could not take (`reused`); under
+    `--scale`, those of every value the earlier fit predicted (and at least one)."""
+    variants = ["stock", *modes]
+    if template is None:
+        reused(path, script, args, budgets, variants)
+        return
+    found = [v for v in values if scale_dir(path, v).is_dir()]
+    if not found:
+        raise MemprofError(f"--predictions {path}: no scale-N directory of an earlier `fit --scale` over these values")
+    for v in found:
+        reused(scale_dir(path, v), script, with_value(args, template, v), budgets, variants)
+
+
+def reused(path: Path, script: str, args: Sequence[str], budgets: Sequence[float], variants: Sequence[str]) -> Sweep:
+    """The predictions an earlier fit made (its directory, or its search.json; under `--scale`, the
+    directory of one value), for trying another limit without compiling again: only for the same
+    command, and only where they hold every configuration asked for."""
+    import shlex
+
+    from memprof.sweep.result import load_sweep
+
+    file = path / "search.json" if path.is_dir() else path
+    if not file.is_file():
+        raise MemprofError(f"--predictions {path}: no search.json there (give an earlier fit's directory)")
+    sweep = load_sweep(file)
+    if sweep.mode != "predict":
+        raise MemprofError(f"--predictions {file}: measured runs, not a fit's predictions")
+    asked = [script, *args]
+    same = (len(sweep.command) == len(asked) and sweep.command[1:] == asked[1:]
+            and os.path.realpath(sweep.command[0]) == os.path.realpath(script))
+    if not same:
+        raise MemprofError(f"--predictions {file}: made for `{shlex.join(sweep.command)}`, not `{shlex.join(asked)}`")
+    runs = {(r.budget, r.variant): r for r in sweep.runs}
+    missing = [f"{v} at {b:g}" for v in variants for b in budgets if (b, v) not in runs]
+    if missing:
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise MemprofError(f"--predictions {file}: no prediction for {', '.join(missing[:3])}{more} "
+                           "(search its budgets and modes, or predict again)")
+    sweep.budgets, sweep.variants = list(budgets), list(variants)
+    wanted = {(b, v) for v in variants for b in budgets}
+    sweep.runs = [r for key, r in runs.items() if key in wanted]  # (in the order they were made)
+    return sweep
+
+
 def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[int], limit: int,
               budgets: Sequence[float], modes: Sequence[str], out: Path, jobs: int = 1, timeout: float | None = None,
-              progress: Callable[[object], None] | None = None) -> ScaleResult:
+              progress: Callable[[object], None] | None = None, reuse: Path | None = None) -> ScaleResult:
     """The largest value of `template` (an argument with `{}`) whose best configuration is predicted
     to fit, by bisection over `values` (`memprof.fit.scale`), then verified by a run; a run over the
     limit tries the next configuration with room for the overhead it measured, then the next value
-    down (MAX_VERIFY runs at most)."""
+    down (MAX_VERIFY runs at most). `reuse`: an earlier `fit --scale`'s directory, whose values'
+    predictions are taken where it made them."""
     from memprof.sweep.manifest import prepare_dir
 
     searched: dict[int, Search] = {}
@@ -203,8 +257,9 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
         if value not in searched:
             sub = scale_dir(out, value)
             prepare_dir(sub, True)
+            earlier = scale_dir(reuse, value) if reuse is not None else None
             searched[value] = _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs,
-                                         timeout, progress)
+                                         timeout, progress, earlier if earlier and earlier.is_dir() else None)
         return searched[value]
 
     def predict(value: int) -> list[Candidate]:

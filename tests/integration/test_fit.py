@@ -99,6 +99,30 @@ def test_a_limit_between_the_smallest_and_the_largest_is_met_and_proved(
         {"what": "torch's default budget (1.0, stock), predicted", "bytes": stock_1["predicted_peak_bytes"]}]
 
 
+def test_another_limit_takes_the_earlier_predictions(fitted: tuple[Path, dict[str, object], str],
+                                                     tmp_path: Path) -> None:
+    """`--predictions DIR`: another limit is tried with the predictions an earlier fit of the same
+    command made, no compile but the verifying run's; any other command, or a configuration they
+    lack, is refused in one line."""
+    out, doc, _err = fitted
+    res = run_memprof("fit", "--memory", "3.6MB", "--budgets", "0.0,1.0", "--predictions", str(out), "-o", "again",
+                      "--json", SCRIPT, "--", "--steps", "4", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    again = json.loads(res.stdout)
+    assert again["candidates"] == doc["candidates"]
+    assert again["choice"] == {"budget": 1.0, "remat": None} != doc["choice"]  # (the default fits 3.6 MB)
+    assert again["measured_peak_bytes"] <= 3_600_000 and len(again["verified"]) == 1
+    assert sorted(p.name for p in (tmp_path / "again" / "logs").iterdir()) == ["stock_1.000.json", "stock_1.000.log"]
+    for args, words in ((["--budgets", "0.0,0.5"], "no prediction for stock at 0.5, light at 0.5"),
+                        (["--budgets", "0.0,1.0", SCRIPT, "--", "--steps", "3"], "made for `"),
+                        (["--budgets", "0.0,1.0", "-o", str(out), "--force"], "which this fit replaces")):
+        cmd = ["fit", "--memory", "3MB", "--predictions", str(out), *args]
+        line = one_line_error(invoke_memprof(*cmd, *([] if SCRIPT in args else [SCRIPT, "--", "--steps", "4"]),
+                                             cwd=tmp_path))
+        assert words in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # (refused before anything is written)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--memory", "lots"], "--memory: 'lots' is not a size"),
     (["--memory", "0GB"], "--memory must be more than 0 bytes"),
