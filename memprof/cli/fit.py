@@ -20,7 +20,8 @@ from memprof.cli.options import ScriptCommand
 @click.option("--remat", "remat", type=click.Choice(["off", "light", "all"]), multiple=True,
               help="The remat modes searched at every budget beside stock [default: light]; off: stock only.")
 @click.option("-j", "--jobs", type=click.IntRange(min=1), default=None,
-              help="Predicting processes at once [default: the cores, up to 4].")
+              help="Predicting processes at once [default: with a GPU, one per configuration up to the cores; "
+                   "on the CPU, the cores up to 4].")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Output directory [default: fit_SCRIPT_STEM]: the predictions, the verifying runs' "
                    "captures, fit.json.")
@@ -49,7 +50,7 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
 
     from memprof.analysis.units import parse_size
     from memprof.errors import MemprofError, printable
-    from memprof.fit import check_predictions, device_limit, fit_scale
+    from memprof.fit import check_predictions, default_jobs, device_limit, fit_scale
     from memprof.fit import fit as run_fit
     from memprof.fit.report import fit_json, format_fit, format_scale, scale_json
     from memprof.fit.scale import parse_scale
@@ -78,7 +79,7 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
     if reuse is not None:
         check_predictions(reuse, script, list(script_args), budgets, modes, scale[0] if scale else None, values or ())
     prepare_dir(out, force, path)
-    jobs = jobs or min(4, os.cpu_count() or 1)
+    jobs = jobs or default_jobs(len(budgets) * (1 + len(modes)))
     total = 0 if reuse else len(budgets) * (1 + len(modes)) * (max(1, len(values).bit_length()) if values else 1)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=Console(stderr=True), transient=True) as bar:

@@ -24,7 +24,8 @@ from memprof.fit.scale import Probe, ScaleResult, answer, bisect, bisect_probes,
 if TYPE_CHECKING:
     from memprof.sweep.result import Sweep
 
-__all__ = ["Candidate", "Config", "FitResult", "Measured", "ScaleResult", "device_limit", "fit", "fit_scale", "plan"]
+__all__ = ["Candidate", "Config", "FitResult", "Measured", "ScaleResult", "default_jobs", "device_limit", "fit",
+           "fit_scale", "plan"]
 
 DEFAULT_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 
@@ -48,6 +49,18 @@ def device_limit() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise OSError("no /proc/meminfo MemAvailable line: give --memory as a size")
+
+
+def default_jobs(configurations: int) -> int:
+    """Predicting processes at once: with a GPU, a process per configuration up to the cores (the
+    processes take the device in turns for their forwards and share the cores for their compiles;
+    more processes of fewer budgets each ended sooner: docs/benchmarks.md, "`--predict` under 3
+    minutes" and session 8's fit time); on the CPU, where every forward runs on the cores with
+    torch's own thread count, the cores up to 4."""
+    from memprof.sweep.runner import visible_gpus
+
+    cores = os.cpu_count() or 1
+    return max(1, min(cores, configurations) if visible_gpus() else min(4, cores))
 
 
 def _candidates(sweep: Sweep) -> list[Candidate]:
@@ -339,7 +352,8 @@ def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
         out = Path(tmp) / "plan"
         prepare_dir(out, False)
         say(f"memprof: {asked} {fmt_bytes(limit)}: predicting {len(budgets) * 2} configurations (no training step)")
-        search = _predicted(script, args, budgets, [remat or "light"], out, min(4, os.cpu_count() or 1), None, None)
+        search = _predicted(script, args, budgets, [remat or "light"], out, default_jobs(2 * len(budgets)), None,
+                            None)
     if not search.compiled:
         raise MemprofError(f"{asked} {fmt_bytes(limit)}: " + (search.error or "the script compiles no graph with "
                            "a backward (torch.compile), so no budget or remat mode applies to it"))
