@@ -21,7 +21,7 @@ import bisect
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -280,6 +280,16 @@ def model_from_segments(segments: Sequence[Mapping[str, Any]], device: int) -> C
     return model
 
 
+class OptimizerStep(NamedTuple):
+    """What the optimizers' first step allocates: their state, kept (`state`, in order), and the
+    temporaries the step makes and frees again before it ends (`transient`: (key, bytes) requests,
+    (key, 0) freeing, keys from 0), while the gradients are still live (foreach Adam's
+    `_foreach_sqrt` of every `exp_avg_sq`, say)."""
+
+    state: Sequence[int]
+    transient: Sequence[tuple[int, int]] = ()
+
+
 @dataclass(frozen=True)
 class SteadyStep:
     """A step after the first as the model runs it: the bytes allocated when it starts (what was
@@ -293,17 +303,20 @@ class SteadyStep:
 
 
 def steady_peak(model: CachingAllocatorModel, step: Sequence[Sequence[tuple[int, int]]],
-                between: Sequence[int]) -> SteadyStep:
+                between: OptimizerStep) -> SteadyStep:
     """The step after the first, each step running the request lists of `step` in order from
-    `model` (not changed): after the first, `between` are allocated (what the optimizer's first
-    step makes: its state) and everything the step left is freed (the gradients, by `zero_grad`)."""
+    `model` (not changed): after the first, the optimizer's step runs (its state allocated and
+    kept, its temporaries allocated and freed) and everything the step left is freed (the
+    gradients, by `zero_grad`)."""
     m = model.copy()
     resident = set(m._blocks)
     for requests in step:
         m.run(requests)
-    kept = {_BETWEEN_KEYS - k for k in range(len(between))}  # below the snapshot's keys (-1, -2, ...)
-    for key, nbytes in zip(sorted(kept, reverse=True), between, strict=True):
+    kept = {_BETWEEN_KEYS - k for k in range(len(between.state))}  # below the snapshot's keys (-1, -2, ...)
+    for key, nbytes in zip(sorted(kept, reverse=True), between.state, strict=True):
         m.malloc(key, nbytes)
+    # (their keys below the state's)
+    m.run((_BETWEEN_KEYS - len(between.state) - key, nbytes) for key, nbytes in between.transient)
     for k in [k for k in m._blocks if k not in resident and k not in kept]:
         m.free(k)
     start, peak = m.allocated, 0

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from memprof._events import Kind
-from memprof.analysis.caching_allocator import CachingAllocatorModel, model_at
+from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, model_at
 from memprof.analysis.timeline import Timeline, freed_bytes, rise_start, window_rise
 from memprof.analysis.units import round_up_array
 from memprof.capture import Capture
@@ -336,7 +336,7 @@ def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
 
 def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None,
               probes: dict[str, list[Any]] | None = None, allocator: CachingAllocatorModel | None = None,
-              between: Sequence[int] | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
+              between: OptimizerStep | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
     its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a

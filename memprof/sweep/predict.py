@@ -36,7 +36,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memprof.analysis.caching_allocator import CachingAllocatorModel, model_from_segments, settings_modelled
+from memprof.analysis.caching_allocator import (
+    CachingAllocatorModel,
+    OptimizerStep,
+    model_from_segments,
+    settings_modelled,
+)
 from memprof.sweep.measure import ChildResult, Measured, estimate_fields, estimates, merge_facts, plan_facts
 from memprof.sweep.step_estimate import CaptureEstimate
 from memprof.torch_hooks.patch import Patches
@@ -111,7 +116,7 @@ class _Book:
     # the CUDA caching allocator before the first compiled graph ran (device, snapshot segments), and
     # what the optimizers' first step will allocate there (`optimizer_state_requests`)
     segments: tuple[int, list[dict[str, Any]]] | None = None
-    optimizer_state: tuple[list[int], list[str]] | None = None
+    optimizer_state: tuple[OptimizerStep, list[str]] | None = None
     # what a step starts from: the bytes allocated when the first compiled graph ran (on the device
     # the parameters live on), and those added before the next step: the optimizers' first-step
     # state and, on CUDA, the cuBLAS workspaces the first matrix multiply makes
@@ -200,9 +205,10 @@ def predict(script: str, args: list[str], budgets: Sequence[float], remat: str |
     return [_result(recorder, book, b, budgets, remat, result, shared, notes) for b in budgets]
 
 
-def _allocator(book: _Book, device: str, notes: list[str]) -> tuple[CachingAllocatorModel | None, list[int] | None]:
+def _allocator(book: _Book, device: str, notes: list[str]) -> tuple[CachingAllocatorModel | None,
+                                                                    OptimizerStep | None]:
     """The caching allocator's model as the script left it before its first compiled graph ran, and
-    the optimizers' state to come (None, None: not a CUDA run, allocator settings the model does not
+    the optimizers' first step to come (None, None: not a CUDA run, allocator settings the model does not
     hold for, or no optimizer state known: the estimate then counts requests)."""
     import os
 
@@ -210,14 +216,14 @@ def _allocator(book: _Book, device: str, notes: list[str]) -> tuple[CachingAlloc
         return None, None
     if not settings_modelled(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):
         return None, None
-    requests, unknown = book.optimizer_state
+    step, unknown = book.optimizer_state
     if unknown:
         note = (f"memprof's estimate counts requests, not the caching allocator's blocks: the state of "
                 f"{', '.join(unknown)} is not modelled")
         if note not in notes:
             notes.append(note)
         return None, None
-    return model_from_segments(book.segments[1], book.segments[0]), requests
+    return model_from_segments(book.segments[1], book.segments[0]), step
 
 
 def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from memprof.analysis.caching_allocator import CachingAllocatorModel, steady_peak
+from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, steady_peak
 from memprof.plans import FxNode, Plan
 from memprof.sweep.block_peak import block_peak, chain_requests
 from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, running_torch_version, tangents_held
@@ -72,7 +72,7 @@ class CaptureEstimate:
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
                            probe: bool = True, torch_version: str | None = None,
                            allocator: CachingAllocatorModel | None = None,
-                           between: Sequence[int] | None = None) -> CaptureEstimate | None:
+                           between: OptimizerStep | None = None) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
     wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
     a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
@@ -82,7 +82,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     `allocator`: the CUDA caching allocator as it was when the step began (`caching_allocator.model_at`):
     the step's requests are replayed through it and the peak counts its blocks. `between`: where
     `allocator` is its state before the first step (a prediction: no step ran), what is allocated
-    between the first step and the next (the optimizer's state, `optimizer_state_requests`): the
+    between the first step and the next (the optimizer's step, `optimizer_state_requests`): the
     peak is then the second step's, the first having left its free blocks as a running job's do."""
     import dataclasses
 

@@ -13,6 +13,7 @@ import memprof
 from memprof._events import Kind
 from memprof.analysis.caching_allocator import (
     CachingAllocatorModel,
+    OptimizerStep,
     model_at,
     model_from_segments,
     round_size,
@@ -131,6 +132,41 @@ def test_a_snapshots_segments_give_the_allocators_state() -> None:
     assert m.malloc(3, 14 * MiB) == 14 * MiB and m.segments == 3  # the 3 and 12 MiB are not adjacent
 
 
+def test_adams_step_temporaries_follow_torchs_order() -> None:
+    """What a parameter group's step allocates and frees beside its state: foreach (CUDA's default)
+    makes `_foreach_sqrt` of every exp_avg_sq at once, per dtype, each dtype's live until the next
+    one's are made; coupled weight decay first copies the gradients (deleted before the square
+    roots); one tensor at a time holds a square root and a denominator; fused, nothing."""
+    from memprof.torch_hooks.predict import adam_temporaries
+
+    f32, bf16 = "float32", "bfloat16"
+    assert adam_temporaries({}, [(f32, 10), (f32, 20)], True) == [(0, 10), (1, 20), (0, 0), (1, 0)]
+    assert adam_temporaries({"fused": True}, [(f32, 10)], True) == []
+    assert adam_temporaries({"weight_decay": 0.1}, [(f32, 10)], False, key=5) == [(5, 10), (5, 0), (6, 10), (6, 0)]
+    assert adam_temporaries({"weight_decay": 0.1}, [(f32, 10)], True) == [(0, 10), (0, 0)]  # AdamW: in place
+    assert adam_temporaries({}, [(f32, 10), (bf16, 4)], True) == [(0, 10), (1, 4), (0, 0), (1, 0)]
+    assert adam_temporaries({"capturable": True}, [(f32, 10)], True) == [(0, 4), (1, 4), (2, 10), (0, 0), (1, 0),
+                                                                          (2, 0)]
+    assert adam_temporaries({"foreach": False}, [(f32, 10), (f32, 20)], True) == [
+        (0, 10), (1, 10), (0, 0), (2, 20), (3, 20), (2, 0), (1, 0), (3, 0)]
+
+
+def test_the_optimizers_temporaries_reserve_what_the_free_blocks_cannot_serve() -> None:
+    """After the first step the gradients are live and the step's activations free (large blocks):
+    foreach Adam's square roots of small parameters come from the small pool, new 2 MiB segments
+    the steps after keep reserved (a paper Llama capture's first AdamW step made 54 of them, in
+    `_foreach_sqrt`); they change neither what the next step starts from nor its peak."""
+    from memprof.analysis.caching_allocator import steady_peak
+
+    step = [[(1, 8 * MiB), (2, 4 * MiB), (3, 512 * 1024), (1, 0)]]  # an activation freed, a gradient kept
+    state = [512 * 1024, 512 * 1024]
+    plain = steady_peak(CachingAllocatorModel(), step, OptimizerStep(state))
+    sqrt = [(k, 256 * 1024) for k in range(16)] + [(k, 0) for k in range(16)]  # 4 MiB of small temporaries
+    with_temps = steady_peak(CachingAllocatorModel(), step, OptimizerStep(state, sqrt))
+    assert (with_temps.start, with_temps.peak) == (plain.start, plain.peak)
+    assert with_temps.reserved - plain.reserved == 4 * MiB
+
+
 def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> None:
     """A prediction has the allocator only as it was before the first step (no step ran): the step's
     requests run twice from there, with the optimizer's first-step state (AdamW: step, exp_avg,
@@ -154,7 +190,7 @@ def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> No
              if tl.is_alloc[i] and labels.category[i] == Category.OPTIMIZER_STATE]
     assert len(state) == 63  # 21 parameters
     est = estimate_capture_plans(cap.plans, cap.graphs, "cuda:0", torch_version="2.11.0", allocator=before,
-                                 between=state)
+                                 between=OptimizerStep(state))  # (fused AdamW: no temporaries)
     measured = measure(cap, attribution=False).step_peak
     assert est is not None and measured == 436_756_992
     assert est.peak == 437_805_568 and est.requested_peak == 432_562_688 and est.blocks
