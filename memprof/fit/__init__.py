@@ -11,21 +11,17 @@ runs. When none fits, the smallest one runs, and its capture says what would clo
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
 
 from memprof.analysis.labels import CATEGORIES
 from memprof.errors import MemprofError
 from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, next_to_verify, smallest, suggestions
 from memprof.fit.scale import Probe, ScaleResult, answer, bisect, bisect_probes, probe, scale_dir, with_value
+from memprof.fit.search import Search, check_predictions, default_jobs, predicted
 
-if TYPE_CHECKING:
-    from memprof.sweep.result import Sweep
-
-__all__ = ["Candidate", "Config", "FitResult", "Measured", "ScaleResult", "default_jobs", "device_limit", "fit",
-           "fit_scale", "plan"]
+__all__ = ["Candidate", "Config", "FitResult", "Measured", "ScaleResult", "Search", "check_predictions",
+           "default_jobs", "device_limit", "fit", "fit_scale", "plan"]
 
 DEFAULT_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 
@@ -49,33 +45,6 @@ def device_limit() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     raise OSError("no /proc/meminfo MemAvailable line: give --memory as a size")
-
-
-def default_jobs(configurations: int) -> int:
-    """Predicting processes at once: with a GPU, a process per configuration up to the cores (the
-    processes take the device in turns for their forwards and share the cores for their compiles;
-    more processes of fewer budgets each ended sooner: docs/benchmarks.md, "`--predict` under 3
-    minutes" and session 8's fit time); on the CPU, where every forward runs on the cores with
-    torch's own thread count, the cores up to 4."""
-    from memprof.sweep.runner import visible_gpus
-
-    cores = os.cpu_count() or 1
-    return max(1, min(cores, configurations) if visible_gpus() else min(4, cores))
-
-
-def _candidates(sweep: Sweep) -> list[Candidate]:
-    from memprof.sweep.result import run_value
-
-    out = []
-    for run in sweep.runs:
-        m = run.measured
-        facts = m.facts if m is not None else None
-        out.append(Candidate(Config(run.budget, None if run.variant == "stock" else run.variant),
-                             run_value(run, "predict") if run.ok else None, m.resident if m is not None else None,
-                             facts.recomputed_bytes if facts is not None else None,
-                             not (facts is not None and facts.recomputed_random),
-                             None if run.ok else (run.error or run.status), m.reserved if m is not None else None))
-    return out
 
 
 def _verify(script: str, args: Sequence[str], config: Config, out: Path, n: int, timeout: float | None,
@@ -130,7 +99,7 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     """Predict every configuration (or take an earlier fit's predictions, `reuse`), verify the
     preferred one that fits (up to MAX_VERIFY runs), or, when none is predicted to, run the smallest
     and say what would close the gap. `out` must be ready (`memprof.sweep.prepare_dir`)."""
-    search = _predicted(script, args, budgets, modes, out, jobs, timeout, progress, reuse)
+    search = predicted(script, args, budgets, modes, out, jobs, timeout, progress, reuse)
     candidates = search.candidates
     result = FitResult(limit, search.device, candidates, command=[script, *args],
                        parameter_bytes=search.parameter_bytes, compiled=search.compiled)
@@ -173,87 +142,6 @@ def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], 
     return result
 
 
-class Search(NamedTuple):
-    """What the predictions of every configuration found."""
-
-    candidates: list[Candidate]
-    device: str  # where they ran
-    parameter_bytes: int | None  # the model's parameters there
-    compiled: bool  # the script compiled a graph with a backward (else no configuration applies to it)
-    error: str | None  # why the script ended before that, where it ended badly in every prediction
-
-
-def _predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str], out: Path,
-               jobs: int, timeout: float | None, progress: Callable[[object], None] | None,
-               reuse: Path | None = None) -> Search:
-    """Every configuration predicted into `out` (its predictions kept as search.json), or taken from
-    `reuse`, an earlier fit's search.json of the same command."""
-    from memprof.sweep.manifest import record_files
-    from memprof.sweep.runner import run_sweep
-
-    record_files(out, "search.json")
-    if reuse is not None:
-        search = reused(reuse, script, args, budgets, ["stock", *modes])
-        search.save(out)
-    else:
-        search = run_sweep(script, args, budgets, ["stock", *modes], out, jobs=jobs, timeout=timeout,
-                           progress=progress, predict=True)  # (modes: the remat modes beside stock; [] stock only)
-    (out / "sweep.json").replace(out / "search.json")
-    device = next((r.measured.device for r in search.runs if r.measured is not None), "cpu")
-    parameters = next((r.measured.parameter_bytes for r in search.runs if r.measured is not None
-                       and r.measured.parameter_bytes is not None), None)
-    compiled = any(r.measured is not None and r.measured.compiled for r in search.runs)
-    error = None if compiled or any(r.ok for r in search.runs) else next(
-        (f"the script ended before any compiled graph's backward ({r.status}): {r.error}" for r in search.runs), None)
-    return Search(_candidates(search), device, parameters, compiled, error)
-
-
-def check_predictions(path: Path, script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str],
-                      template: str | None = None, values: Sequence[int] = ()) -> None:
-    """Refuse, before anything is written, predictions `fit` could not take (`reused`); under
-    `--scale`, those of every value the earlier fit predicted (and at least one)."""
-    variants = ["stock", *modes]
-    if template is None:
-        reused(path, script, args, budgets, variants)
-        return
-    found = [v for v in values if scale_dir(path, v).is_dir()]
-    if not found:
-        raise MemprofError(f"--predictions {path}: no scale-N directory of an earlier `fit --scale` over these values")
-    for v in found:
-        reused(scale_dir(path, v), script, with_value(args, template, v), budgets, variants)
-
-
-def reused(path: Path, script: str, args: Sequence[str], budgets: Sequence[float], variants: Sequence[str]) -> Sweep:
-    """The predictions an earlier fit made (its directory, or its search.json; under `--scale`, the
-    directory of one value), for trying another limit without compiling again: only for the same
-    command, and only where they hold every configuration asked for."""
-    import shlex
-
-    from memprof.sweep.result import load_sweep
-
-    file = path / "search.json" if path.is_dir() else path
-    if not file.is_file():
-        raise MemprofError(f"--predictions {path}: no search.json there (give an earlier fit's directory)")
-    sweep = load_sweep(file)
-    if sweep.mode != "predict":
-        raise MemprofError(f"--predictions {file}: measured runs, not a fit's predictions")
-    asked = [script, *args]
-    same = (len(sweep.command) == len(asked) and sweep.command[1:] == asked[1:]
-            and os.path.realpath(sweep.command[0]) == os.path.realpath(script))
-    if not same:
-        raise MemprofError(f"--predictions {file}: made for `{shlex.join(sweep.command)}`, not `{shlex.join(asked)}`")
-    runs = {(r.budget, r.variant): r for r in sweep.runs}
-    missing = [f"{v} at {b:g}" for v in variants for b in budgets if (b, v) not in runs]
-    if missing:
-        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
-        raise MemprofError(f"--predictions {file}: no prediction for {', '.join(missing[:3])}{more} "
-                           "(search its budgets and modes, or predict again)")
-    sweep.budgets, sweep.variants = list(budgets), list(variants)
-    wanted = {(b, v) for v in variants for b in budgets}
-    sweep.runs = [r for key, r in runs.items() if key in wanted]  # (in the order they were made)
-    return sweep
-
-
 def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[int], limit: int,
               budgets: Sequence[float], modes: Sequence[str], out: Path, jobs: int = 1, timeout: float | None = None,
               progress: Callable[[object], None] | None = None, reuse: Path | None = None) -> ScaleResult:
@@ -271,7 +159,7 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
             sub = scale_dir(out, value)
             prepare_dir(sub, True)
             earlier = scale_dir(reuse, value) if reuse is not None else None
-            searched[value] = _predicted(script, with_value(args, template, value), budgets, modes, sub, jobs,
+            searched[value] = predicted(script, with_value(args, template, value), budgets, modes, sub, jobs,
                                          timeout, progress, earlier if earlier and earlier.is_dir() else None)
         return searched[value]
 
@@ -352,7 +240,7 @@ def plan(script: str, args: Sequence[str], limit: int, remat: str | None = None,
         out = Path(tmp) / "plan"
         prepare_dir(out, False)
         say(f"memprof: {asked} {fmt_bytes(limit)}: predicting {len(budgets) * 2} configurations (no training step)")
-        search = _predicted(script, args, budgets, [remat or "light"], out, default_jobs(2 * len(budgets)), None,
+        search = predicted(script, args, budgets, [remat or "light"], out, default_jobs(2 * len(budgets)), None,
                             None)
     if not search.compiled:
         raise MemprofError(f"{asked} {fmt_bytes(limit)}: " + (search.error or "the script compiles no graph with "

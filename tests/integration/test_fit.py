@@ -191,7 +191,7 @@ def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
         step = (100 if config.remat is None else 60) * n
         return Measured(config, 1_000 + step, 1_000 + step + 500, step, 1_000, 1.0, f"run{len(runs)}.memprof")
 
-    monkeypatch.setattr(fit_mod, "_predicted", predicted)
+    monkeypatch.setattr(fit_mod, "predicted", predicted)
     monkeypatch.setattr(fit_mod, "_verify", verify)
     r = fit_mod.fit_scale("train.py", [], "--batch={}", [4, 8, 16, 32, 64], 3_000, [0.0, 1.0], ["light"], tmp_path)
     # predicted: batch 32 fits light (2,920), 64 does not; each run has 500 B of reserved overhead:
