@@ -44,6 +44,7 @@ from memprof.analysis.caching_allocator import (
 )
 from memprof.sweep.measure import ChildResult, Measured, estimate_fields, estimates, merge_facts, plan_facts
 from memprof.sweep.step_estimate import CaptureEstimate
+from memprof.torch_hooks.optimizer_step import optimizer_state_bytes, optimizer_state_requests
 from memprof.torch_hooks.patch import Patches
 from memprof.torch_hooks.predict import (
     EagerRun,
@@ -53,8 +54,6 @@ from memprof.torch_hooks.predict import (
     cublas_workspace_bytes,
     eager_runs,
     lazy_kernels,
-    optimizer_state_bytes,
-    optimizer_state_requests,
     resident_bytes,
     share_joint_graph,
     sharing_available,

@@ -137,7 +137,7 @@ def test_adams_step_temporaries_follow_torchs_order() -> None:
     makes `_foreach_sqrt` of every exp_avg_sq at once, per dtype, each dtype's live until the next
     one's are made; coupled weight decay first copies the gradients (deleted before the square
     roots); one tensor at a time holds a square root and a denominator; fused, nothing."""
-    from memprof.torch_hooks.predict import adam_temporaries
+    from memprof.torch_hooks.optimizer_step import adam_temporaries
 
     f32, bf16 = "float32", "bfloat16"
     assert adam_temporaries({}, [(f32, 10), (f32, 20)], True) == [(0, 10), (1, 20), (0, 0), (1, 0)]
