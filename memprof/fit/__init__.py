@@ -152,25 +152,45 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
     predictions are taken where it made them."""
     from memprof.sweep.manifest import prepare_dir
 
-    searched: dict[int, Search] = {}
+    searched: dict[int, tuple[Search, bool]] = {}  # value -> (its search, whether of every configuration)
+    focus: list[Config] = []  # what the probes after the first predict (below)
 
-    def search(value: int) -> Search:
-        if value not in searched:
+    def search(value: int, every: bool = True) -> Search:
+        if value not in searched or (every and not searched[value][1]):
             sub = scale_dir(out, value)
             prepare_dir(sub, True)
             earlier = scale_dir(reuse, value) if reuse is not None else None
-            searched[value] = predicted(script, with_value(args, template, value), budgets, modes, sub, jobs,
-                                         timeout, progress, earlier if earlier and earlier.is_dir() else None)
-        return searched[value]
+            if every or not focus:
+                grid, whole = (budgets, modes), True
+            else:  # (the budgets and modes of the focus: a small grid holding them)
+                grid = (sorted({c.budget for c in focus}), sorted({c.remat for c in focus if c.remat}))
+                whole = False
+            searched[value] = (predicted(script, with_value(args, template, value), grid[0], grid[1], sub, jobs,
+                                         timeout, progress, earlier if earlier and earlier.is_dir() else None),
+                               whole)
+        return searched[value][0]
 
     def predict(value: int) -> list[Candidate]:
         return search(value).candidates
 
+    def narrowed(value: int) -> list[Candidate]:
+        return search(value, every=False).candidates
+
     first = search(values[(len(values) - 1) // 2])  # (bisection's first probe)
     if not first.compiled:
         return _scale_as_is(script, args, template, values, limit, out, timeout, progress, first.error)
-    result = ScaleResult(template, list(values), limit, bisect(values, predict, limit))
+    # A probe asks whether anything fits at its value: after the first probe's search of every
+    # configuration, the others predict its smallest configuration alone (with stock at that budget),
+    # the needs of the configurations keeping their order as the value grows; the answer's value is
+    # then searched whole, for the preferred configuration there.
+    least = smallest(first.candidates)
+    focus.extend([least.config] if least is not None else [])
+    result = ScaleResult(template, list(values), limit, bisect(values, narrowed, limit))
     result.answer = answer(result.probes)
+    if result.answer is not None and not searched[result.answer.value][1]:
+        whole = probe(result.answer.value, predict(result.answer.value), limit)
+        result.probes = [whole if p.value == whole.value else p for p in result.probes]
+        result.answer = answer(result.probes)
     value = result.answer.value if result.answer is not None and result.answer.choice is not None else None
     tried: set[tuple[int, Config]] = set()
     runs = 0

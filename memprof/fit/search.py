@@ -57,13 +57,13 @@ def predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes:
                jobs: int, timeout: float | None, progress: Callable[[object], None] | None,
                reuse: Path | None = None) -> Search:
     """Every configuration predicted into `out` (its predictions kept as search.json), or taken from
-    `reuse`, an earlier fit's search.json of the same command."""
+    `reuse`, an earlier fit's search.json of the same command, where it holds them all."""
     from memprof.sweep.manifest import record_files
     from memprof.sweep.runner import run_sweep
 
     record_files(out, "search.json")
-    if reuse is not None:
-        search = reused(reuse, script, args, budgets, ["stock", *modes])
+    search = reused(reuse, script, args, budgets, ["stock", *modes], strict=False) if reuse is not None else None
+    if search is not None:
         search.save(out)
     else:
         search = run_sweep(script, args, budgets, ["stock", *modes], out, jobs=jobs, timeout=timeout,
@@ -81,7 +81,8 @@ def predicted(script: str, args: Sequence[str], budgets: Sequence[float], modes:
 def check_predictions(path: Path, script: str, args: Sequence[str], budgets: Sequence[float], modes: Sequence[str],
                       template: str | None = None, values: Sequence[int] = ()) -> None:
     """Refuse, before anything is written, predictions `fit` could not take (`reused`); under
-    `--scale`, those of every value the earlier fit predicted (and at least one)."""
+    `--scale`, those of another command at any value the earlier fit predicted (and there must be
+    one): a value whose predictions lack a configuration is predicted anew."""
     variants = ["stock", *modes]
     if template is None:
         reused(path, script, args, budgets, variants)
@@ -90,13 +91,15 @@ def check_predictions(path: Path, script: str, args: Sequence[str], budgets: Seq
     if not found:
         raise MemprofError(f"--predictions {path}: no scale-N directory of an earlier `fit --scale` over these values")
     for v in found:
-        reused(scale_dir(path, v), script, with_value(args, template, v), budgets, variants)
+        reused(scale_dir(path, v), script, with_value(args, template, v), (), ())
 
 
-def reused(path: Path, script: str, args: Sequence[str], budgets: Sequence[float], variants: Sequence[str]) -> Sweep:
+def reused(path: Path, script: str, args: Sequence[str], budgets: Sequence[float], variants: Sequence[str],
+           strict: bool = True) -> Sweep | None:
     """The predictions an earlier fit made (its directory, or its search.json; under `--scale`, the
     directory of one value), for trying another limit without compiling again: only for the same
-    command, and only where they hold every configuration asked for."""
+    command, and only where they hold every configuration asked for (else None, or with `strict`,
+    refused)."""
     import shlex
 
     from memprof.sweep.result import load_sweep
@@ -114,6 +117,8 @@ def reused(path: Path, script: str, args: Sequence[str], budgets: Sequence[float
         raise MemprofError(f"--predictions {file}: made for `{shlex.join(sweep.command)}`, not `{shlex.join(asked)}`")
     runs = {(r.budget, r.variant): r for r in sweep.runs}
     missing = [f"{v} at {b:g}" for v in variants for b in budgets if (b, v) not in runs]
+    if missing and not strict:
+        return None
     if missing:
         more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
         raise MemprofError(f"--predictions {file}: no prediction for {', '.join(missing[:3])}{more} "

@@ -178,8 +178,11 @@ def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
     from memprof.fit.plan import Measured
     from memprof.fit.report import format_scale, scale_json
 
-    def predicted(script: str, args: list[str], *_a: object) -> fit_mod.Search:
+    searched: list[tuple[int, list[float], list[str]]] = []
+
+    def predicted(script: str, args: list[str], budgets: list[float], modes: list[str], *_a: object) -> fit_mod.Search:
         n = int(args[-1].split("=")[1])  # the batch: 100 B of step per sample, over 1,000 resident
+        searched.append((n, list(budgets), list(modes)))
         return fit_mod.Search([Candidate(Config(1.0), 100 * n, 1_000), Candidate(Config(0.0, "light"), 60 * n, 1_000)],
                               "cuda", None, True, None)
 
@@ -198,6 +201,10 @@ def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
     # 32 at light runs over (3,420) and no other configuration at 32 fits; at 16, stock (2,600) has
     # no room for the 500 B, light (1,960) has: it runs, under the limit
     assert runs == [(32, Config(0.0, "light")), (16, Config(0.0, "light"))]
+    # every configuration at the first probe (16); the other probes its smallest (light at 0, beside
+    # stock at 0); the answer (32) again in whole
+    assert searched == [(16, [0.0, 1.0], ["light"]), (32, [0.0], ["light"]), (64, [0.0], ["light"]),
+                        (32, [0.0, 1.0], ["light"])]
     assert r.fits and r.answer is not None and r.answer.value == 16 and r.measured is not None
     assert [v for v, _m in r.over] == [32]
     text = format_scale(r, ["train.py"])
