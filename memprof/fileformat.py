@@ -227,10 +227,8 @@ def _read_events(zf: zipfile.ZipFile, path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=EVENT_DTYPE, count=n, offset=start)
 
 
-def _member_data(path: Path, info: zipfile.ZipInfo) -> bytes:
-    """A member's bytes, inflated in one call into one buffer of its declared size and checked
-    against its CRC: zipfile's reader inflates in pieces and copies each into the caller's buffer,
-    which took most of the time of reading a large capture's events."""
+def _member_data(path: Path, info: zipfile.ZipInfo) -> bytes | np.ndarray:
+    """A member's bytes (`_inflate`d where deflated), checked against its CRC."""
     with open(path, "rb") as f:
         f.seek(info.header_offset)
         head = f.read(30)
@@ -241,11 +239,39 @@ def _member_data(path: Path, info: zipfile.ZipInfo) -> bytes:
         packed = f.read(info.compress_size)
     if len(packed) != info.compress_size:
         raise CaptureFileError(f"{path}: truncated capture ({_clip(info.filename)} is short)")
-    data = packed if info.compress_type == zipfile.ZIP_STORED else zlib.decompress(packed, -15, info.file_size)
+    data: bytes | np.ndarray = packed if info.compress_type == zipfile.ZIP_STORED else _inflate(packed, info, path)
     del packed
-    if zlib.crc32(data) != info.CRC:
+    if zlib.crc32(data if isinstance(data, bytes) else data.data) != info.CRC:
         raise CaptureFileError(f"{path}: corrupt capture ({_clip(info.filename)} fails its CRC check)")
     return data
+
+
+def _inflate(packed: bytes, info: zipfile.ZipInfo, path: Path) -> np.ndarray:
+    """A deflated member's bytes, inflated into one buffer of its declared size, a megabyte of the
+    stream in and at most 4 MB out at a time: never more than that size (a stream that would
+    inflate further is refused there), and no second copy of the whole (zipfile's reader copies
+    every piece through Python's buffers; one `decompress` call joins its output blocks at the
+    end and runs out of the cache)."""
+    size = info.file_size
+    out = np.empty(size, dtype=np.uint8)
+    inflate = zlib.decompressobj(-15)
+    stream, at, pos = memoryview(packed), 0, 0
+    pending: bytes | memoryview = b""
+    while not inflate.eof:
+        if not pending:
+            if pos >= len(stream):
+                break
+            pending, pos = stream[pos : pos + (1 << 20)], pos + (1 << 20)
+        piece = inflate.decompress(pending, min(size - at + 1, 4 << 20))  # (pieces that stay in the cache)
+        pending = inflate.unconsumed_tail
+        if at + len(piece) > size:
+            break
+        out[at : at + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+        at += len(piece)
+    if not inflate.eof or at != size or pending:
+        raise CaptureFileError(f"{path}: corrupt capture ({_clip(info.filename)} inflates to other than its "
+                               "declared size)")
+    return out
 
 
 def _is_int(v: Any) -> bool:

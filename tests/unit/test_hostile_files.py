@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -240,6 +241,32 @@ def test_a_stored_member_declaring_more_than_the_file_holds_costs_nothing(tmp_pa
     with pytest.raises(CaptureFileError, match="declares 3,760,000,000 compressed bytes in a file of"):
         memprof.load(tmp_path / "huge.memprof")
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_events_that_inflate_past_their_declared_size_stop_there(tmp_path: Path) -> None:
+    """An events member whose sizes and CRC are those of a valid event array, but whose deflate
+    stream goes on (64 MiB of zeros after it): reading stops at the declared size and refuses it,
+    without inflating the rest."""
+    members = _members()
+    events = members["events.npy"]
+    members["events.npy"] = events + b"\0" * (64 << 20)
+    path = _rezip(members, tmp_path / "longer.memprof")
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("events.npy")
+    local = data.find(b"PK\x03\x04", info.header_offset)
+    central = data.find(b"PK\x01\x02")
+    while data[central + 46 : central + 46 + len(b"events.npy")] != b"events.npy":
+        central = data.find(b"PK\x01\x02", central + 4)
+    crc = zlib.crc32(events)
+    for at_crc, at_size in ((local + 14, local + 22), (central + 16, central + 24)):
+        struct.pack_into("<I", data, at_crc, crc)
+        struct.pack_into("<I", data, at_size, len(events))
+    (tmp_path / "bomb.memprof").write_bytes(bytes(data))
+    t0 = time.perf_counter()
+    with pytest.raises(CaptureFileError, match="inflates to other than its declared size"):
+        memprof.load(tmp_path / "bomb.memprof")
+    assert time.perf_counter() - t0 < 1.0
 
 
 def test_many_small_members_are_bounded_together(tmp_path: Path) -> None:
