@@ -220,6 +220,17 @@ def _rezip(members: dict[str, bytes], dst: Path, stored: tuple[str, ...] = ()) -
     return dst
 
 
+def _events_headers(path: Path, data: bytearray) -> tuple[int, int]:
+    """Where events.npy's local header and central directory entry begin in the zip `data`."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo("events.npy")
+    local = data.find(b"PK\x03\x04", info.header_offset)
+    central = data.find(b"PK\x01\x02")
+    while data[central + 46 : central + 46 + len(b"events.npy")] != b"events.npy":
+        central = data.find(b"PK\x01\x02", central + 4)
+    return local, central
+
+
 def test_a_stored_member_declaring_more_than_the_file_holds_costs_nothing(tmp_path: Path) -> None:
     """A 5 kB file whose STORED events.npy declares 3.7 GB (its header and the zip's sizes agree) is
     refused before anything is allocated, from the sizes alone."""
@@ -227,13 +238,8 @@ def test_a_stored_member_declaring_more_than_the_file_holds_costs_nothing(tmp_pa
     path = _rezip(members, tmp_path / "stored.memprof", stored=("events.npy",))
     data = bytearray(path.read_bytes())
     big = 3_760_000_000
-    with zipfile.ZipFile(path) as zf:
-        info = zf.getinfo("events.npy")
     # the compressed and file sizes, in the member's local header and its central directory entry
-    local = data.find(b"PK\x03\x04", info.header_offset)
-    central = data.find(b"PK\x01\x02")
-    while data[central + 46 : central + 46 + len(b"events.npy")] != b"events.npy":
-        central = data.find(b"PK\x01\x02", central + 4)
+    local, central = _events_headers(path, data)
     for at in (local + 18, central + 20):
         struct.pack_into("<II", data, at, big, big)
     (tmp_path / "huge.memprof").write_bytes(bytes(data))
@@ -252,12 +258,7 @@ def test_events_that_inflate_past_their_declared_size_stop_there(tmp_path: Path)
     members["events.npy"] = events + b"\0" * (64 << 20)
     path = _rezip(members, tmp_path / "longer.memprof")
     data = bytearray(path.read_bytes())
-    with zipfile.ZipFile(path) as zf:
-        info = zf.getinfo("events.npy")
-    local = data.find(b"PK\x03\x04", info.header_offset)
-    central = data.find(b"PK\x01\x02")
-    while data[central + 46 : central + 46 + len(b"events.npy")] != b"events.npy":
-        central = data.find(b"PK\x01\x02", central + 4)
+    local, central = _events_headers(path, data)
     crc = zlib.crc32(events)
     for at_crc, at_size in ((local + 14, local + 22), (central + 16, central + 24)):
         struct.pack_into("<I", data, at_crc, crc)
