@@ -28,6 +28,7 @@ from memprof._events import EVENT_DTYPE, FLAG_CARRIED, CarriedBlock, Kind, kind_
 from memprof.capture_info import conform, meta_problem
 from memprof.errors import CaptureFileError
 from memprof.event_checks import check_events, check_fits
+from memprof.inflate import member_data
 from memprof.outputs import atomic_write, existing_file
 from memprof.plans import CompiledGraph, KnownTensor, Plan
 
@@ -220,58 +221,11 @@ def _read_events(zf: zipfile.ZipFile, path: Path) -> np.ndarray:
                                    f"its size holds {max(info.file_size - fh.tell(), 0) // EVENT_DTYPE.itemsize:,})")
         check_fits(n, path)
         start = fh.tell()
-    data = _member_data(path, info)
+    data = member_data(path, info, _clip(info.filename))
     if len(data) != info.file_size:
         raise CaptureFileError(f"{path}: truncated capture (events.npy is short)")
     # (read-only: the analysis never writes the events, and a copy would double their memory)
     return np.frombuffer(data, dtype=EVENT_DTYPE, count=n, offset=start)
-
-
-def _member_data(path: Path, info: zipfile.ZipInfo) -> bytes | np.ndarray:
-    """A member's bytes (`_inflate`d where deflated), checked against its CRC."""
-    with open(path, "rb") as f:
-        f.seek(info.header_offset)
-        head = f.read(30)
-        if len(head) != 30 or head[:4] != b"PK\x03\x04":
-            raise CaptureFileError(f"{path}: corrupt capture ({_clip(info.filename)} has no local header)")
-        name_len, extra_len = int.from_bytes(head[26:28], "little"), int.from_bytes(head[28:30], "little")
-        f.seek(info.header_offset + 30 + name_len + extra_len)
-        packed = f.read(info.compress_size)
-    if len(packed) != info.compress_size:
-        raise CaptureFileError(f"{path}: truncated capture ({_clip(info.filename)} is short)")
-    data: bytes | np.ndarray = packed if info.compress_type == zipfile.ZIP_STORED else _inflate(packed, info, path)
-    del packed
-    if zlib.crc32(data if isinstance(data, bytes) else data.data) != info.CRC:
-        raise CaptureFileError(f"{path}: corrupt capture ({_clip(info.filename)} fails its CRC check)")
-    return data
-
-
-def _inflate(packed: bytes, info: zipfile.ZipInfo, path: Path) -> np.ndarray:
-    """A deflated member's bytes, inflated into one buffer of its declared size, a megabyte of the
-    stream in and at most 4 MB out at a time: never more than that size (a stream that would
-    inflate further is refused there), and no second copy of the whole (zipfile's reader copies
-    every piece through Python's buffers; one `decompress` call joins its output blocks at the
-    end and runs out of the cache)."""
-    size = info.file_size
-    out = np.empty(size, dtype=np.uint8)
-    inflate = zlib.decompressobj(-15)
-    stream, at, pos = memoryview(packed), 0, 0
-    pending: bytes | memoryview = b""
-    while not inflate.eof:
-        if not pending:
-            if pos >= len(stream):
-                break
-            pending, pos = stream[pos : pos + (1 << 20)], pos + (1 << 20)
-        piece = inflate.decompress(pending, min(size - at + 1, 4 << 20))  # (pieces that stay in the cache)
-        pending = inflate.unconsumed_tail
-        if at + len(piece) > size:
-            break
-        out[at : at + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
-        at += len(piece)
-    if not inflate.eof or at != size or pending:
-        raise CaptureFileError(f"{path}: corrupt capture ({_clip(info.filename)} inflates to other than its "
-                               "declared size)")
-    return out
 
 
 def _is_int(v: Any) -> bool:
