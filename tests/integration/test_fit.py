@@ -135,6 +135,32 @@ def test_another_limit_takes_the_earlier_predictions(fitted: tuple[Path, dict[st
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # (refused before anything is written)
 
 
+def test_a_scale_takes_each_values_predictions_where_they_are_whole(tmp_path: Path) -> None:
+    """Under `--scale`, `--predictions` is an earlier scale fit's directory: a value's predictions
+    of another command are refused up front; a value whose predictions lack a configuration asked
+    for (a probe that predicted the smallest alone) is predicted anew, not refused."""
+    from memprof.fit.search import check_predictions, reused
+    from memprof.sweep.result import Run, Sweep
+
+    def saved(value: int, budgets: list[float], variants: list[str], args: tuple[str, ...] = ("--steps", "3")) -> None:
+        sub = tmp_path / f"scale-{value}"
+        sub.mkdir()
+        runs = [Run(v, b, "completed", 0, None, None, "log", 1.0) for v in variants for b in budgets]
+        Sweep([SCRIPT, *args, f"--batch={value}"], budgets, variants, runs, mode="predict").save(sub)
+        (sub / "sweep.json").replace(sub / "search.json")
+
+    saved(4, [0.0, 1.0], ["stock", "light"])
+    saved(8, [0.0], ["stock", "light"])  # (a narrowed probe)
+    check_predictions(tmp_path, SCRIPT, ["--steps", "3"], [0.0, 1.0], ["light"], "--batch={}", [2, 4, 8])
+    assert reused(tmp_path / "scale-4", SCRIPT, ["--steps", "3", "--batch=4"], [0.0, 1.0], ["stock", "light"])
+    assert reused(tmp_path / "scale-8", SCRIPT, ["--steps", "3", "--batch=8"], [0.0, 1.0], ["stock", "light"],
+                  strict=False) is None
+    with pytest.raises(memprof.MemprofError, match="made for `"):
+        check_predictions(tmp_path, SCRIPT, ["--steps", "4"], [0.0, 1.0], ["light"], "--batch={}", [2, 4, 8])
+    with pytest.raises(memprof.MemprofError, match="no scale-N directory"):
+        check_predictions(tmp_path, SCRIPT, ["--steps", "3"], [0.0, 1.0], ["light"], "--batch={}", [16, 32])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--memory", "lots"], "--memory: 'lots' is not a size"),
     (["--memory", "0GB"], "--memory must be more than 0 bytes"),
