@@ -88,9 +88,9 @@ _MILLI = [f"{i:03d}" for i in range(1000)]
 
 
 def us_text(us: np.ndarray) -> list[str]:
-    """Microseconds (rounded to 1 ns) as JSON numbers with three decimals: integer arithmetic and a
-    table, four times faster than formatting each float (the slices and counters are most of a
-    trace's text)."""
+    """Microseconds (rounded to 1 ns) as JSON numbers with three decimals, by integer arithmetic and
+    a table: formatting each float was most of the cost of the slices' and counters' text
+    (docs/benchmarks.md, "Reading: the events inflated into their array")."""
     n = np.rint(np.asarray(us, dtype=np.float64) * 1000.0).astype(np.int64)
     q, r = np.divmod(np.abs(n), 1000)
     out = [f"{a}.{_MILLI[b]}" for a, b in zip(q.tolist(), r.tolist(), strict=True)]
