@@ -153,18 +153,17 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
     from memprof.sweep.manifest import prepare_dir
 
     searched: dict[int, tuple[Search, bool]] = {}  # value -> (its search, whether of every configuration)
-    focus: list[Config] = []  # what the probes after the first predict (below)
+    least: Config | None = None  # what the probes after the first predict (below)
 
     def search(value: int, every: bool = True) -> Search:
         if value not in searched or (every and not searched[value][1]):
             sub = scale_dir(out, value)
             prepare_dir(sub, True)
             earlier = scale_dir(reuse, value) if reuse is not None else None
-            if every or not focus:
-                grid, whole = (budgets, modes), True
-            else:  # (the budgets and modes of the focus: a small grid holding them)
-                grid = (sorted({c.budget for c in focus}), sorted({c.remat for c in focus if c.remat}))
-                whole = False
+            if every or least is None:
+                grid, whole = (list(budgets), list(modes)), True
+            else:  # (the first probe's smallest configuration, beside stock at its budget)
+                grid, whole = ([least.budget], [least.remat] if least.remat else []), False
             searched[value] = (predicted(script, with_value(args, template, value), grid[0], grid[1], sub, jobs,
                                          timeout, progress, earlier if earlier and earlier.is_dir() else None),
                                whole)
@@ -183,8 +182,8 @@ def fit_scale(script: str, args: Sequence[str], template: str, values: Sequence[
     # configuration, the others predict its smallest configuration alone (with stock at that budget),
     # the needs of the configurations keeping their order as the value grows; the answer's value is
     # then searched whole, for the preferred configuration there.
-    least = smallest(first.candidates)
-    focus.extend([least.config] if least is not None else [])
+    found = smallest(first.candidates)
+    least = found.config if found is not None else None
     result = ScaleResult(template, list(values), limit, bisect(values, narrowed, limit))
     result.answer = answer(result.probes)
     if result.answer is not None and not searched[result.answer.value][1]:

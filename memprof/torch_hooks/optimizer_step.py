@@ -4,6 +4,7 @@ makes and frees, in the order torch's Adam, AdamW and SGD make them."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -76,13 +77,12 @@ def adam_temporaries(group: dict[str, Any], params: Sequence[tuple[object, int]]
     `exp_avg_sq.sqrt()` and the denominator divided from it, the denominator live until the next
     one's."""
     out: list[tuple[int, int]] = []
-    made = [key]  # (the next key)
+    keys = itertools.count(key)
 
     def take(sizes: Sequence[int]) -> list[int]:
-        keys = list(range(made[0], made[0] + len(sizes)))
-        made[0] += len(sizes)
-        out.extend(zip(keys, sizes, strict=True))
-        return keys
+        made = [next(keys) for _ in sizes]
+        out.extend(zip(made, sizes, strict=True))
+        return made
 
     def drop(keys: Sequence[int]) -> None:
         out.extend((k, 0) for k in keys)
