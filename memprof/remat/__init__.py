@@ -29,6 +29,7 @@ from typing import Any
 
 from memprof.remat.report import RematReport
 from memprof.remat.usesite import MODES
+from memprof.torch_hooks.inductor import reuse_planned_with_outputs_kept
 from memprof.torch_hooks.partition import Transforming, source_hash, transforming
 
 __all__ = ["MODES", "RematReport", "active_mode", "enable", "partition_fn", "partitioner", "reports"]
@@ -149,7 +150,7 @@ def enable(mode: str | None = None, *, budget: str | float | None = None,
     with _lock:
         _modes.append(mode)
     try:
-        with transforming(f"remat:{mode}", transform):
+        with transforming(f"remat:{mode}", transform), reuse_planned_with_outputs_kept():
             yield
     finally:
         with _lock:

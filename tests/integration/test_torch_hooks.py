@@ -134,3 +134,49 @@ def test_the_compile_hooks_wait_for_the_first_compile(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     assert "dynamo loaded: False" in res.stdout
     assert "plans: 1 graphs: 2" in res.stdout and "restored: True" in res.stdout
+
+
+def test_reuse_planning_with_outputs_kept_is_torch_213s_estimate() -> None:
+    """On a torch whose `estimate_peak_memory` frees graph outputs at step 0 (2.11), the remat pass
+    has Inductor plan buffer reuse with them live to the end. Forced on here (2.13 keeps them
+    itself): on every graph Inductor plans, forward and backward, the peak and the live bytes at
+    each step the reuse planning gets are torch's own fixed estimate's, and the patch goes away."""
+    import torch._inductor.memory as memory
+    from torch._inductor.virtualized import V
+    from torch.utils._ordered_set import OrderedSet
+
+    from memprof.torch_hooks import inductor
+
+    if inductor.cancels_outputs(memory):
+        pytest.skip("this torch frees graph outputs at step 0: no fixed estimate to compare with")
+    before = _state()
+    target = ("torch._inductor.codegen.wrapper", "EfficientPeakEstimate.__init__")
+    with memprof.remat.enable("light"):  # nothing to correct on this torch: not replaced
+        assert current(*target) is before[target]
+    seen: list[tuple[int, int]] = []
+    forced = inductor._install_reuse_estimate(memory)
+    assert forced is not None
+    try:
+        ours = current(*target)
+        assert ours is not before[target]
+
+        def check(self: Any) -> None:
+            ours(self)
+            nodes = V.graph.scheduler.nodes
+            freeable = memory.get_freeable_input_buf(nodes, OrderedSet(V.graph.graph_inputs.keys()))
+            peak, per_step = memory.estimate_peak_memory(nodes, freeable, OrderedSet(V.graph.get_output_names()))
+            assert self.overall_peak_memory == peak
+            assert [self.segmented_tree.summarize_range(i, i) for i in range(len(per_step))] == per_step
+            seen.append((len(nodes), peak))
+
+        with Patches() as p:
+            p.set(*target, check)
+            torch._dynamo.reset()
+            import torch._inductor.config as inductor_config
+
+            with inductor_config.patch(fx_graph_cache=False):
+                _step("inductor")
+    finally:
+        forced.undo()
+    assert len(seen) >= 2 and all(peak > 0 for _, peak in seen), seen  # the forward and the backward
+    _assert_restored(before)
