@@ -29,7 +29,6 @@ from typing import Any
 
 from memprof.remat.report import RematReport
 from memprof.remat.usesite import MODES
-from memprof.torch_hooks.inductor import reuse_planned_with_outputs_kept
 from memprof.torch_hooks.partition import Transforming, source_hash, transforming
 
 __all__ = ["MODES", "RematReport", "active_mode", "enable", "partition_fn", "partitioner", "reports"]
@@ -150,7 +149,7 @@ def enable(mode: str | None = None, *, budget: str | float | None = None,
     with _lock:
         _modes.append(mode)
     try:
-        with transforming(f"remat:{mode}", transform), reuse_planned_with_outputs_kept():
+        with transforming(f"remat:{mode}", transform):
             yield
     finally:
         with _lock:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,87 +41,21 @@ def buffer_origins(graph: Any) -> dict[str, list[str]]:
     return out
 
 
-def outputs_kept_timeline(memory: Any, nodes: Any, name_to_freeable_input_buf: Any, graph_outputs: Any,
-                          *args: Any, **kwargs: Any) -> tuple[int, list[int]]:
-    """Inductor's buffer timeline for a scheduled graph with graph outputs live to the end: its peak
-    and the live bytes at each step, as torch 2.13's `peak_memory_from_buf_info_list` gives them
-    (torch 2.11's `estimate_peak_memory` frees outputs at step 0)."""
+def peak_outputs_kept(memory: Any, nodes: Any, name_to_freeable_input_buf: Any, graph_outputs: Any,
+                      *args: Any, **kwargs: Any) -> int:
+    """Inductor's buffer timeline for a scheduled graph, peaked with graph outputs live to the end
+    (torch 2.11's `estimate_peak_memory` frees them at step 0; 2.13 keeps them)."""
     infos, _steps, _last = memory.compute_memory_timeline(nodes, name_to_freeable_input_buf, graph_outputs)
-    delta = [0] * (len(nodes) + 1)
+    delta = [0] * (len(nodes) + 2)
     for b in infos:
         delta[b.start_step] += b.size_alloc
         if b.end_step != -1:
             delta[b.end_step + 1] -= b.size_free
     live = peak = 0
-    per_step = []
     for d in delta:
         live += d
-        per_step.append(live)
         peak = max(peak, live)
-    return peak, per_step
-
-
-def cancels_outputs(memory: Any) -> bool:
-    """Whether this torch's `estimate_peak_memory` frees graph outputs at step 0 (2.11 does; the
-    fix, 2.13's, came with `peak_memory_from_buf_info_list`, which skips their frees)."""
-    return not hasattr(memory, "peak_memory_from_buf_info_list")
-
-
-_reuse_lock = threading.Lock()
-_reuse_users = 0
-_reuse_patches: Patches | None = None
-
-
-@contextlib.contextmanager
-def reuse_planned_with_outputs_kept() -> Iterator[None]:
-    """Within (every thread; blocks may nest): Inductor plans buffer reuse against its graph's peak
-    with the graph's outputs live to the end, as torch 2.13 does, on a torch that frees them at
-    step 0. There a backward's gradients (its outputs) count for nothing, so a buffer the last
-    layers free is held for reuse through the end of the backward, where the gradients make the
-    real peak (docs/remat.md, "Inductor's buffer reuse"). No change where torch keeps outputs."""
-    import torch._inductor.memory as memory
-
-    global _reuse_users, _reuse_patches
-    with _reuse_lock:
-        if _reuse_users == 0 and cancels_outputs(memory):
-            _reuse_patches = _install_reuse_estimate(memory)
-        _reuse_users += 1
-    try:
-        yield
-    finally:
-        with _reuse_lock:
-            _reuse_users -= 1
-            if _reuse_users == 0 and _reuse_patches is not None:
-                patches, _reuse_patches = _reuse_patches, None
-                patches.undo()
-
-
-def _install_reuse_estimate(memory: Any) -> Patches | None:
-    import operator
-
-    try:
-        from torch._inductor.codegen.segmented_tree import SegmentedTree
-        from torch._inductor.codegen.wrapper import EfficientPeakEstimate
-        from torch._inductor.virtualized import V
-        from torch.utils._ordered_set import OrderedSet
-    except ImportError:  # no peak-checked reuse in this torch: nothing to correct
-        return None
-    original: Callable[[Any], None] = EfficientPeakEstimate.__init__
-
-    def init(self: Any) -> None:
-        original(self)
-        try:
-            nodes = V.graph.scheduler.nodes
-            freeable = memory.get_freeable_input_buf(nodes, OrderedSet(V.graph.graph_inputs.keys()))
-            peak, per_step = outputs_kept_timeline(memory, nodes, freeable, OrderedSet(V.graph.get_output_names()))
-            tree = SegmentedTree(per_step, operator.add, max, 0)
-        except Exception:  # torch's own estimate stays: reuse as torch plans it
-            return
-        self.overall_peak_memory, self.segmented_tree = peak, tree
-
-    patches = Patches()
-    patches.set("torch._inductor.codegen.wrapper", "EfficientPeakEstimate.__init__", init)
-    return patches
+    return peak
 
 
 def cache_root() -> Path:
@@ -160,7 +94,7 @@ def install_graph_hooks(patches: Patches, sink: GraphSink) -> None:
         if stack:
             kept: int | None = None
             with contextlib.suppress(Exception):
-                kept = outputs_kept_timeline(inductor_memory, *args, **kwargs)[0]
+                kept = peak_outputs_kept(inductor_memory, *args, **kwargs)
             with contextlib.suppress(Exception):
                 stack[-1][1].append((int(result[0]), kept))
         return result

@@ -25,7 +25,6 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("torch._inductor.codecache", "FxGraphCache._lookup_graph"),
     ("torch._inductor.graph", "GraphLowering.codegen"),
     ("torch._inductor.memory", "estimate_peak_memory"),
-    ("torch._inductor.codegen.wrapper", "EfficientPeakEstimate.__init__"),
     ("torch._inductor.compile_fx", "_compile_fx_inner"),
     ("torch._inductor.compile_fx", "_recursive_joint_graph_passes"),
     ("torch._inductor.output_code", "CompiledFxGraph.__call__"),
