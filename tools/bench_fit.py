@@ -14,7 +14,8 @@ the fit issue, from one command.
    for real at the configuration that needs the least there (`memprof trace`): it must go over the
    limit (or run out of memory) for the answer to be the largest.
 
-Prints a table last; `--json` writes every row.
+Prints the limits' table (and writes `--json`) before the scale runs, and again with the scale's
+line last.
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ def main() -> None:
     chosen = limits(search)
     with ThreadPoolExecutor(len(chosen)) as pool:
         rows += list(pool.map(one, enumerate(chosen)))
-    scaled = None
+    # the limits' table first: a scale that runs out of time leaves it printed and written
+    report(a, rows, None, tmp)
     if a.scale:
         from memprof.fit.scale import parse_scale
 
@@ -144,6 +146,11 @@ def main() -> None:
         scaled = json.loads((tmp / "scale" / "fit.json").read_text())
         scaled["seconds"] = round(seconds, 1)
         scaled["next_up"] = next_up(scaled, a.scale_arg, values, script, tmp, tmp)
+        report(a, rows, scaled, tmp)
+
+
+def report(a: argparse.Namespace, rows: list[dict[str, Any]], scaled: dict[str, Any] | None, tmp: Path) -> None:
+    """Write `--json` and print the table (and the scale's line, once it ran)."""
     if a.json:
         a.json.write_text(json.dumps({"rows": rows, "scale": scaled, "dir": str(tmp)}, indent=1))
     print(f"\n{a.model}{' (full)' if a.full else ''}, budgets {a.budgets} (stock and light), files in {tmp}\n")
@@ -154,7 +161,8 @@ def main() -> None:
         err_text = f"{100 * r['error']:+.2f}%" if r["error"] is not None else ""
         print(f"| {r['limit']} | {r['limit_bytes']:,} | {'FITS' if r['fits'] else 'DOES NOT FIT'}: {r['choice']} "
               f"| {r['predicted_bytes'] or 0:,} | {r['measured_bytes'] or 0:,} | {err_text} "
-              f"| {_n(r['reserved_bytes'])} | {_n(r['predicted_reserved'])} | {r['runs']} | {r['seconds']} |")
+              f"| {_n(r['reserved_bytes'])} | {_n(r['predicted_reserved'])} | {r['runs']} | {r['seconds']} |",
+              flush=True)
     if scaled is not None:
         up = scaled["next_up"]
         print(f"\n--scale {a.scale_arg} {a.scale} under {scaled['limit_bytes']:,} B: answer {scaled['value']} "
@@ -163,8 +171,7 @@ def main() -> None:
               + (f"{up['value']} at {up['config']}: {up['peak_bytes']:,} B allocated, reserved "
                  f"{_n(up['reserved_bytes'])} B{', OOM' if up['oom'] else ''} -> "
                  f"{'over the limit: the answer is the largest' if up['over'] else 'UNDER the limit'}"
-                 if up else "none (the answer is the scale's last value, or there is none)"))
-
+                 if up else "none (the answer is the scale's last value, or there is none)"), flush=True)
 
 if __name__ == "__main__":
     main()
