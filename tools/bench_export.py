@@ -50,9 +50,14 @@ def paint(page: Path) -> tuple[float, float]:
             if driver.execute_script("return document.body.dataset.ready") == "1":
                 break
             time.sleep(0.025)
-        fcp = driver.execute_script(
-            "const e = performance.getEntriesByName('first-contentful-paint'); return e.length ? e[0].startTime : -1")
         ready = driver.execute_script("return performance.now()")
+        fcp = -1.0  # the paint entry can arrive after the script's last line: wait up to 2 s for it
+        for _ in range(80):
+            fcp = driver.execute_script("const e = performance.getEntriesByName('first-contentful-paint'); "
+                                        "return e.length ? e[0].startTime : -1")
+            if fcp >= 0:
+                break
+            time.sleep(0.025)
         return float(fcp), float(ready)
     finally:
         driver.quit()
