@@ -163,9 +163,10 @@ class _Deflate(io.RawIOBase):
 def output_stream(path: Path, binary: bool = False, replace: bool = True) -> Iterator[IO[Any]]:
     """A file object that writes `path` as `atomic_write` does (nothing at `path` until it closes
     without error), gzip-compressed where the name ends in `.gz` (Perfetto opens a `.json.gz` trace
-    as it is; about a tenth of the JSON's size); text is written as UTF-8 unless `binary`."""
+    as it is; zlib's fastest level: its cost against the default's in docs/benchmarks.md, session
+    9); text is written as UTF-8 unless `binary`."""
     with _atomic(path, replace) as fh:
-        deflate = _Deflate(fh, 6) if path.name.endswith(".gz") else None
+        deflate = _Deflate(fh, 1) if path.name.endswith(".gz") else None
         raw: IO[bytes] = fh if deflate is None else io.BufferedWriter(deflate, 1 << 20)  # type: ignore[assignment]
         try:
             if binary:
