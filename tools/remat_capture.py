@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_remat import MODELS, Worker  # noqa: E402  (the benchmark's model, loss and checkpointing)
+from bench_remat import MODELS, Worker  # (the benchmark's model, loss and checkpointing)
 
 
 def main() -> None:
