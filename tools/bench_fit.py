@@ -14,6 +14,8 @@ the fit issue, from one command.
    for real at the configuration that needs the least there (`memprof trace`): it must go over the
    limit (or run out of memory) for the answer to be the largest.
 
+With `--timing ROUNDS`, every configuration of the search is also timed (tools/bench_remat.py) and
+each limit's choice is set beside the fastest configuration predicted to fit it.
 Prints the limits' table (and writes `--json`) before the scale runs, and again with the scale's
 line last.
 """
@@ -98,6 +100,32 @@ def next_up(scaled: dict[str, Any], template: str, values: list[int], script: li
             "exit": rc, "seconds": round(seconds, 1), "stderr": err if rc and not oom else ""}
 
 
+def timing(a: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
+    """Every configuration of the search timed by tools/bench_remat.py (its forward and backward, the
+    same for every configuration; compiled side by side, timed one process at a time in rotating
+    rounds): for "no configuration that fits is more than 5% faster than the choice"."""
+    out = tmp / "timing.json"
+    cmd = [sys.executable, str(ROOT / "tools" / "bench_remat.py"), "--model", a.model, *(["--paper"] if a.full else []),
+           "--budgets", a.budgets, "--modes", "light", "--rounds", str(a.timing), "--steps", "5", "--json", str(out),
+           *(["--jobs", str(a.jobs)] if a.jobs else [])]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
+    print(f"timing: {time.perf_counter() - t0:.0f} s, exit {proc.returncode}", flush=True)
+    return json.loads(out.read_text()) if out.exists() else []
+
+
+def fastest_fitting(r: dict[str, Any], search: dict[str, Any], times: list[dict[str, Any]]) -> None:
+    """Beside a limit's row: the choice's step time and the fastest configuration predicted to fit."""
+    ms = {(t["budget"], None if t["variant"] == "stock" else t["variant"]): t.get("step_ms") for t in times}
+    fitting = [(ms.get((c["budget"], c["remat"])), f"{c['budget']:g} {c['remat'] or 'stock'}")
+               for c in search["candidates"] if c["predicted_peak_bytes"] and c["random_ops_saved"]
+               and need(c) <= r["limit_bytes"]]
+    timed = sorted((t, name) for t, name in fitting if t is not None)
+    chosen = next((t for t, name in fitting if name == r["choice"]), None)
+    r["chosen_ms"] = chosen
+    r["fastest_fitting"] = {"config": timed[0][1], "ms": timed[0][0]} if timed else None
+
+
 def _n(value: int | None) -> str:
     return f"{value:,}" if value is not None else ""
 
@@ -111,6 +139,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None, help="predicting processes (default: fit's)")
     ap.add_argument("--scale", metavar="VALUES", default=None, help="fit --scale's values (A:B, A:B:STEP, a,b,c)")
     ap.add_argument("--scale-arg", default="--batch={}", help="the script argument they go in (--scale-arg=...)")
+    ap.add_argument("--timing", type=int, metavar="ROUNDS", default=0,
+                    help="also time every configuration (tools/bench_remat.py, this many rounds)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     script = [str(ROOT / "examples" / f"train_{a.model}.py"), *(["--full"] if a.full else []),
@@ -133,6 +163,10 @@ def main() -> None:
     chosen = limits(search)
     with ThreadPoolExecutor(len(chosen)) as pool:
         rows += list(pool.map(one, enumerate(chosen)))
+    if a.timing:
+        times = timing(a, tmp)
+        for r in rows:
+            fastest_fitting(r, search, times)
     # the limits' table first: a scale that runs out of time leaves it printed and written
     report(a, rows, None, tmp)
     if a.scale:
@@ -163,6 +197,15 @@ def report(a: argparse.Namespace, rows: list[dict[str, Any]], scaled: dict[str, 
               f"| {r['predicted_bytes'] or 0:,} | {r['measured_bytes'] or 0:,} | {err_text} "
               f"| {_n(r['reserved_bytes'])} | {_n(r['predicted_reserved'])} | {r['runs']} | {r['seconds']} |",
               flush=True)
+    timed = [r for r in rows if "chosen_ms" in r and r["fits"]]
+    if timed:
+        print("\n| limit | choice, step ms (forward + backward) | fastest predicted to fit, ms | choice / fastest |")
+        print("|---|---|---|---|")
+        for r in timed:
+            fast, mine = r["fastest_fitting"], r["chosen_ms"]
+            ratio = f"{mine / fast['ms']:.3f}" if fast and mine else ""
+            fastest = f"{fast['config']}: {fast['ms']:.1f}" if fast else ""
+            print(f"| {r['limit']} | {r['choice']}: {mine or 0:.1f} | {fastest} | {ratio} |", flush=True)
     if scaled is not None:
         up = scaled["next_up"]
         print(f"\n--scale {a.scale_arg} {a.scale} under {scaled['limit_bytes']:,} B: answer {scaled['value']} "
