@@ -216,5 +216,6 @@ def report(a: argparse.Namespace, rows: list[dict[str, Any]], scaled: dict[str, 
                  f"{'over the limit: the answer is the largest' if up['over'] else 'UNDER the limit'}"
                  if up else "none (the answer is the scale's last value, or there is none)"), flush=True)
 
+
 if __name__ == "__main__":
     main()
