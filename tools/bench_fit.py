@@ -46,9 +46,14 @@ def need(c: dict[str, Any]) -> int:
     return max(int(c["predicted_peak_bytes"]), int(c["predicted_reserved_bytes"] or 0))
 
 
+def choosable(search: dict[str, Any]) -> list[dict[str, Any]]:
+    """The search's configurations `fit` can choose: predicted, and drawing no random op anew."""
+    return [c for c in search["candidates"] if c["predicted_peak_bytes"] and c["random_ops_saved"]]
+
+
 def limits(search: dict[str, Any]) -> list[tuple[str, int]]:
     """The three limits of the issue, from the search's predictions."""
-    cands = [c for c in search["candidates"] if c["predicted_peak_bytes"] and c["random_ops_saved"]]
+    cands = choosable(search)
     best = min(need(c) for c in cands)
     default = next((need(c) for c in cands if c["budget"] == 1.0 and c["remat"] is None), None)
     out = [("3% above the smallest", int(best * 1.03)), ("5% below the smallest", int(best * 0.95))]
@@ -118,8 +123,7 @@ def fastest_fitting(r: dict[str, Any], search: dict[str, Any], times: list[dict[
     """Beside a limit's row: the choice's step time and the fastest configuration predicted to fit."""
     ms = {(t["budget"], None if t["variant"] == "stock" else t["variant"]): t.get("step_ms") for t in times}
     fitting = [(ms.get((c["budget"], c["remat"])), f"{c['budget']:g} {c['remat'] or 'stock'}")
-               for c in search["candidates"] if c["predicted_peak_bytes"] and c["random_ops_saved"]
-               and need(c) <= r["limit_bytes"]]
+               for c in choosable(search) if need(c) <= r["limit_bytes"]]
     timed = sorted((t, name) for t, name in fitting if t is not None)
     chosen = next((t for t, name in fitting if name == r["choice"]), None)
     r["chosen_ms"] = chosen
