@@ -84,8 +84,8 @@ def adam_temporaries(group: dict[str, Any], params: Sequence[tuple[object, int]]
         out.extend(zip(made, sizes, strict=True))
         return made
 
-    def drop(keys: Sequence[int]) -> None:
-        out.extend((k, 0) for k in keys)
+    def drop(made: Sequence[int]) -> None:
+        out.extend((k, 0) for k in made)
 
     if group.get("fused"):
         return out
