@@ -10,7 +10,8 @@ the fit issue, from one command.
    CUDA): halfway between the smallest and torch's default (budget 1.0, stock), 3% above the
    smallest, 5% below it. The three fits take the search's predictions (`--predictions`) and run
    side by side: each costs its verifying runs alone.
-3. With `--scale`: `memprof fit --scale` under the middle limit, then the value after its answer run
+3. With `--scale`: `memprof fit --scale` under the first limit (or `--scale-limit SIZE`, which skips
+   the search and the limits: the scale alone), then the value after its answer run
    for real at the configuration that needs the least there (`memprof trace`): it must go over the
    limit (or run out of memory) for the answer to be the largest.
 
@@ -143,14 +144,22 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=None, help="predicting processes (default: fit's)")
     ap.add_argument("--scale", metavar="VALUES", default=None, help="fit --scale's values (A:B, A:B:STEP, a,b,c)")
     ap.add_argument("--scale-arg", default="--batch={}", help="the script argument they go in (--scale-arg=...)")
+    ap.add_argument("--scale-limit", metavar="SIZE", default=None,
+                    help="the scale's limit (24GB, 8000MB): the scale alone, without the search and limits")
+    ap.add_argument("--layers", type=int, default=None, help="the script's --layers (fewer compile sooner)")
     ap.add_argument("--timing", type=int, metavar="ROUNDS", default=0,
                     help="also time every configuration (tools/bench_remat.py, this many rounds)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     script = [str(ROOT / "examples" / f"train_{a.model}.py"), *(["--full"] if a.full else []),
-              "--steps", str(a.steps)]
+              *(["--layers", str(a.layers)] if a.layers else []), "--steps", str(a.steps)]
     common = ["--budgets", a.budgets, *(["--jobs", str(a.jobs)] if a.jobs else []), "--json"]
     tmp = Path(tempfile.mkdtemp(prefix="bench_fit_"))
+    if a.scale and a.scale_limit:
+        from memprof.analysis.units import parse_size
+
+        scale(a, script, common, parse_size(a.scale_limit), [], tmp)
+        return
     rc, seconds, err = run_memprof("fit", "--memory", "device", "-o", str(tmp / "search"), *common, script[0], "--",
                                *script[1:], cwd=tmp)
     search = json.loads((tmp / "search" / "fit.json").read_text())
@@ -174,17 +183,22 @@ def main() -> None:
     # the limits' table first: a scale that runs out of time leaves it printed and written
     report(a, rows, None, tmp)
     if a.scale:
-        from memprof.fit.scale import parse_scale
+        scale(a, script, common, chosen[0][1], rows, tmp)
 
-        scale = (a.scale_arg, a.scale)
-        values = parse_scale(*scale)
-        limit = chosen[0][1]
-        rc, seconds, err = run_memprof("fit", "--memory", f"{limit}B", "--scale", *scale, "-o", str(tmp / "scale"),
-                                   *common, script[0], "--", *script[1:], cwd=tmp)
-        scaled = json.loads((tmp / "scale" / "fit.json").read_text())
-        scaled["seconds"] = round(seconds, 1)
-        scaled["next_up"] = next_up(scaled, a.scale_arg, values, script, tmp, tmp)
-        report(a, rows, scaled, tmp)
+
+def scale(a: argparse.Namespace, script: list[str], common: list[str], limit: int, rows: list[dict[str, Any]],
+          tmp: Path) -> None:
+    """`fit --scale` under `limit`, then the value after its answer run for real; the tables again."""
+    from memprof.fit.scale import parse_scale
+
+    values = parse_scale(a.scale_arg, a.scale)
+    rc, seconds, err = run_memprof("fit", "--memory", f"{limit}B", "--scale", a.scale_arg, a.scale, "-o",
+                                   str(tmp / "scale"), *common, script[0], "--", *script[1:], cwd=tmp)
+    print(f"scale: {seconds:.0f} s, exit {rc} {err}", flush=True)
+    scaled = json.loads((tmp / "scale" / "fit.json").read_text())
+    scaled["seconds"] = round(seconds, 1)
+    scaled["next_up"] = next_up(scaled, a.scale_arg, values, script, tmp, tmp)
+    report(a, rows, scaled, tmp)
 
 
 def report(a: argparse.Namespace, rows: list[dict[str, Any]], scaled: dict[str, Any] | None, tmp: Path) -> None:
@@ -219,6 +233,9 @@ def report(a: argparse.Namespace, rows: list[dict[str, Any]], scaled: dict[str, 
                  f"{_n(up['reserved_bytes'])} B{', OOM' if up['oom'] else ''} -> "
                  f"{'over the limit: the answer is the largest' if up['over'] else 'UNDER the limit'}"
                  if up else "none (the answer is the scale's last value, or there is none)"), flush=True)
+        print("probes (predicted allocated peak, of the choice or else the smallest): " + "; ".join(
+            f"{p['value']}: {'fits' if p['fits'] else 'over'} at {p.get('budget')} {p.get('remat') or 'stock'}, "
+            f"{p.get('predicted_peak_bytes') or 0:,} B" for p in scaled["probes"]), flush=True)
 
 
 if __name__ == "__main__":

@@ -378,6 +378,17 @@ def freed_bytes(timeline: Timeline, positions: np.ndarray, start_row: int = 0, e
     return int(-timeline.delta[positions[keep]].sum())
 
 
+def garbage_at(timeline: Timeline, pos: int, gc_positions: np.ndarray) -> int:
+    """Bytes live just after position `pos` that Python's cyclic garbage collector freed later (their
+    frees among `gc_positions`, `gc_freed_positions`): garbage in reference cycles that a collection
+    at a fixed point (`gc.collect()`) would have freed before."""
+    if pos < 0 or not len(gc_positions):
+        return 0
+    live = timeline.live_positions(pos)
+    held = np.isin(timeline.free_of[live], gc_positions)
+    return int(timeline.delta[live[held]].sum())
+
+
 def downsample(values: np.ndarray, max_points: int) -> np.ndarray:
     """Indices to keep: all if few, else each bucket's start, its first minimum and first maximum,
     and both ends (vectorized: a long capture's timeline has millions of points)."""

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from memprof.analysis.labels import CATEGORIES
+from memprof.analysis.timeline import garbage_at
 from memprof.errors import MemprofError
 from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, next_to_verify, smallest, suggestions
 from memprof.fit.scale import Probe, ScaleResult, answer, bisect, bisect_probes, probe, scale_dir, with_value
@@ -68,7 +69,7 @@ def _verify(script: str, args: Sequence[str], config: Config, out: Path, n: int,
     m = run.measured
     return Measured(config, cap.peak(dev, lower_bound=True), tl.reserved_peak if tl.has_reserved else None,
                     m.step_peak, m.resident, m.step_ms, run.capture, cap.exact,
-                    None if run.ok else (run.error or run.status))
+                    None if run.ok else (run.error or run.status), garbage_at(tl, tl.peak_pos, cap.gc_freed(dev)))
 
 
 def _gap_suggestions(result: FitResult, out: Path, measured: Measured) -> None:

@@ -110,6 +110,7 @@ class Measured:
     capture: str
     exact: bool = True
     error: str | None = None  # the run did not end well (out of memory, an exception): never within
+    garbage: int = 0  # bytes live at the peak that Python's cyclic garbage collector freed later
 
     def within(self, limit: int) -> bool:
         """Whether the run ended well and stayed under the limit: its reserved bytes on CUDA (what

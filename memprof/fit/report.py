@@ -34,9 +34,19 @@ def _proof(limit: int, m: Measured, cand: Candidate | None) -> list[str]:
     top = max(m.peak, m.reserved_peak or 0)
     word = "margin" if top <= limit else "over the limit by"
     lines.append(f"  {word} {fmt_bytes(abs(limit - top))} ({_share(abs(limit - top), limit)} of the limit)")
+    if m.garbage:
+        under = top > limit and top - m.garbage <= limit
+        lines.append(f"  {fmt_bytes(m.garbage)} ({m.garbage:,} B) live at the peak was garbage in reference cycles, "
+                     "freed later by Python's garbage collector when a collection happened to run"
+                     + (" (without it the run is under the limit)" if under else "")
+                     + ": gc.collect() after the first step (the one that compiles) frees it at a fixed point")
     if m.error:
         lines.append(f"  the run did not end well: {m.error}")
     return lines
+
+
+def _garbage_note(m: Measured) -> str:
+    return f" ({fmt_bytes(m.garbage)} of it garbage the collector freed later)" if m.garbage else ""
 
 
 def _skipped(r: FitResult) -> list[str]:
@@ -113,7 +123,8 @@ def format_fit(r: FitResult) -> str:
         for other in r.verified:
             if other is not m:
                 high = max(other.peak, other.reserved_peak or 0)
-                lines.append(f"  also run: {other.config.label}: {fmt_bytes(high)}, over the limit")
+                lines.append(f"  also run: {other.config.label}: {fmt_bytes(high)}, over the limit"
+                             + _garbage_note(other))
         lines += _skipped(r)
         return "\n".join(lines)
     best = smallest(r.candidates)
@@ -153,7 +164,8 @@ def fit_json(r: FitResult) -> dict[str, Any]:
                         "step_peak_bytes": c.step_peak,
                         "random_ops_saved": c.random_ops_saved, "error": c.error} for c in r.candidates],
         "verified": [{**m.config.to_json(), "peak_bytes": m.peak,
-                      "reserved_peak_bytes": m.reserved_peak, "step_ms": m.step_ms, "capture": m.capture,
+                      "reserved_peak_bytes": m.reserved_peak, "garbage_bytes": m.garbage, "step_ms": m.step_ms,
+                      "capture": m.capture,
                       "within_limit": m.within(r.limit), "error": m.error} for m in r.verified],
         "suggestions": [{"what": s.what, "saves_bytes": s.saves} for s in r.suggestions],
         "parameter_bytes": r.parameter_bytes,
@@ -191,7 +203,7 @@ def format_scale(r: ScaleResult, command: list[str]) -> str:
     for v, over in r.over:
         if over is not m:
             lines.append(f"  run at {v} ({over.config.label}): {fmt_bytes(max(over.peak, over.reserved_peak or 0))}, "
-                         "over the limit: the next configuration or value down ran")
+                         f"over the limit{_garbage_note(over)}: the next configuration or value down ran")
     lines.append(f"  run at {value}:")
     lines += ["  " + x for x in _proof(r.limit, m, choice)]
     higher = [v for v in r.values if v > value]

@@ -136,6 +136,18 @@ def test_frees_by_the_cyclic_garbage_collector_are_told_apart() -> None:
     assert "cyclic garbage collector freed 3 allocations (12.0 kB, in 3 of 3 steps)" in text
     assert "12.0 kB  of them allocated in aten::empty (3 allocations)" in text
     assert measure(cap).gc_freed == 4000
+    from memprof.analysis.timeline import garbage_at
+
+    with memprof.capture() as held_cap:  # garbage live at the peak: the collector's bytes there, to the byte
+        cycle = {"t": torch.empty(1000, dtype=torch.float32)}
+        cycle["self"] = cycle
+        del cycle
+        top = torch.empty(3000, dtype=torch.float32)  # the peak: 4,000 B of garbage beside it
+        del top
+        gc.collect()
+    tl = held_cap.timeline("cpu")
+    assert tl.peak == 16000 and garbage_at(tl, tl.peak_pos, held_cap.gc_freed("cpu")) == 4000
+    assert garbage_at(tl, tl.peak_pos, np.zeros(0, np.int64)) == 0
     with memprof.capture() as quiet:  # no cycle: nothing is the collector's
         t = torch.empty(100)
         del t

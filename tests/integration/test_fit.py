@@ -207,6 +207,27 @@ def test_a_run_over_in_reserved_bytes_rules_out_the_next_ones_over_by_as_much() 
     assert "not run: 2 preferred configuration(s)" in text and "within 600 B of it" in text
 
 
+def test_a_run_over_only_by_garbage_says_so() -> None:
+    """A verifying run whose peak held tensors in reference cycles (the compiling step's outputs, say,
+    freed later by Python's collector) says how much, and whether the run is under the limit without
+    them: the prediction was right, the collector's timing was not."""
+    from memprof.fit.plan import FitResult, Measured
+    from memprof.fit.report import fit_json, format_fit
+
+    cands = [_candidate(1.0, None, 3_000)]
+    over = Measured(Config(1.0), 4_500, None, 3_500, 1_000, 1.0, "verify-1.memprof", garbage=600)
+    result = FitResult(4_200, "cpu", cands, [over])
+    text = format_fit(result)
+    assert "DOES NOT FIT" in text
+    assert "600 B (600 B) live at the peak was garbage in reference cycles" in text
+    assert "(without it the run is under the limit): gc.collect() after the first step" in text
+    assert fit_json(result)["verified"][0]["garbage_bytes"] == 600
+    too_much = Measured(Config(1.0), 5_000, None, 4_000, 1_000, 1.0, "verify-1.memprof", garbage=600)
+    assert "without it" not in format_fit(FitResult(4_200, "cpu", cands, [too_much]))
+    assert "garbage" not in format_fit(FitResult(4_200, "cpu", cands, [Measured(Config(1.0), 4_500, None, 3_500,
+                                                                                 1_000, 1.0, "v.memprof")]))
+
+
 def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """The bisection's answer is a prediction of allocated bytes; its run can exceed the limit in
