@@ -13,15 +13,10 @@ import numpy as np
 from memprof import fileformat
 from memprof._events import KIND_NAMES, SEGMENT_KINDS, CarriedBlock, Kind, device_name, kind_mask
 from memprof.analysis.attribution import AttributionRow, label_timeline
+from memprof.analysis.garbage import gc_freed_positions
 from memprof.analysis.labels import Labels
 from memprof.analysis.scopes import ScopeIndex
-from memprof.analysis.timeline import (
-    StepStat,
-    Timeline,
-    build_timeline,
-    gc_freed_positions,
-    step_stats,
-)
+from memprof.analysis.timeline import StepStat, Timeline, build_timeline, step_stats
 from memprof.capture_info import CaptureInfo
 from memprof.errors import IncompleteCaptureError, MemprofError
 from memprof.plans import CompiledGraph, KnownTensor, Plan
@@ -304,7 +299,7 @@ class Capture:
 
     def gc_freed(self, device: str | None = None) -> np.ndarray:
         """Timeline positions (`timeline(device)`) of the frees Python's cyclic garbage collector made
-        during the capture: tensors that lived in reference cycles (`timeline.gc_freed_positions`)."""
+        during the capture: tensors that lived in reference cycles (`garbage.gc_freed_positions`)."""
         device = device or self.main_device
         if device not in self._gc_freed:
             freed = gc_freed_positions(self.raw, self.timeline(device), self.strings)

@@ -19,7 +19,7 @@ from memprof import environment, spill
 from memprof._events import EVENT_DTYPE, CarriedBlock
 from memprof._native import native, ring_events, thread_table
 from memprof.analysis.distributed import DDP_BUCKETS_BEGIN, DDP_BUCKETS_END
-from memprof.analysis.timeline import GC_START, GC_STOP
+from memprof.analysis.garbage import GC_START, GC_STOP
 from memprof.background import Background
 from memprof.capture import Capture
 from memprof.capture_info import Keep
@@ -148,7 +148,7 @@ class Recorder:
         else:
             self.meta["plans"] = "off"
         # marks around every collection of Python's cyclic garbage collector (what it frees is told
-        # apart: timeline.gc_freed_positions) and DDP's bucket allocations (analysis.distributed)
+        # apart: garbage.gc_freed_positions) and DDP's bucket allocations (analysis.distributed)
         runtime.on_gc(p, lambda start: C.mark(GC_START if start else GC_STOP))
         runtime.on_ddp_buckets(p, lambda begin: C.mark(DDP_BUCKETS_BEGIN if begin else DDP_BUCKETS_END))
         runtime.on_process_start(p, self._on_process_start)

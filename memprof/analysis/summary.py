@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 
 from memprof.analysis.attribution import CATEGORIES, AttributionRow
+from memprof.analysis.garbage import freed_bytes
 from memprof.analysis.oom import OomReport, oom_reports
-from memprof.analysis.timeline import freed_bytes, unfollowed_count
+from memprof.analysis.timeline import unfollowed_count
 from memprof.capture import Capture
 from memprof.plans import Plan
 from memprof.remat.report import RematReport

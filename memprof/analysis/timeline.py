@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from memprof._events import FLAG_CARRIED, FLAG_UNFOLLOWED_THREAD, SEGMENT_KINDS, Kind, kind_mask, parse_device
-from memprof.analysis.scopes import inside
 from memprof.analysis.units import round_up_array
 
 _MEMORY_KINDS = np.array([Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED], dtype=np.uint8)
@@ -331,10 +330,6 @@ def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: 
 
 # Marks (Kind.MARK) the capture writes at the start and end of every collection of Python's cyclic
 # garbage collector (gc.callbacks)
-GC_START = "python gc: start"
-GC_STOP = "python gc: stop"
-
-
 def mark_windows(raw: np.ndarray, strings: Sequence[str], start: str, stop: str) -> list[tuple[int, int, int, int]]:
     """(thread, start row, stop row, start mark's string id) of each pair of `start` and `stop`
     marks (Kind.MARK) on one thread, in the interval form of `scopes.inside`; sorted by thread, then row."""
@@ -356,37 +351,6 @@ def mark_windows(raw: np.ndarray, strings: Sequence[str], start: str, stop: str)
     pair = np.flatnonzero((threads[1:] == threads[:-1]) & is_start[:-1] & ~is_start[1:])
     return [(t, b, e, start_ids[0]) for t, b, e in zip(threads[pair].tolist(), marks[pair].tolist(),
                                                          marks[pair + 1].tolist(), strict=True)]
-
-
-def gc_freed_positions(raw: np.ndarray, timeline: Timeline, strings: Sequence[str]) -> np.ndarray:
-    """Timeline positions of the frees Python's cyclic garbage collector made: frees on the thread
-    of a collection, between its start and stop marks (tensors held in reference cycles, freed when
-    a collection happens to run rather than when their last reference goes)."""
-    windows = mark_windows(raw, strings, GC_START, GC_STOP)
-    if not windows or len(timeline.rows) == 0:
-        return np.zeros(0, np.int64)
-    frees = np.flatnonzero(~timeline.is_alloc)
-    free_rows = timeline.rows[frees]
-    return frees[inside(free_rows, raw["thread"][free_rows].astype(np.int64), windows) >= 0]
-
-
-def freed_bytes(timeline: Timeline, positions: np.ndarray, start_row: int = 0, end_row: int | None = None) -> int:
-    """Bytes freed at the given free positions (e.g. `gc_freed_positions`) whose events lie in
-    rows [start_row, end_row)."""
-    rows = timeline.rows[positions]
-    keep = (rows >= start_row) if end_row is None else (rows >= start_row) & (rows < end_row)
-    return int(-timeline.delta[positions[keep]].sum())
-
-
-def garbage_at(timeline: Timeline, pos: int, gc_positions: np.ndarray) -> int:
-    """Bytes live just after position `pos` that Python's cyclic garbage collector freed later (their
-    frees among `gc_positions`, `gc_freed_positions`): garbage in reference cycles that a collection
-    at a fixed point (`gc.collect()`) would have freed before."""
-    if pos < 0 or not len(gc_positions):
-        return 0
-    live = timeline.live_positions(pos)
-    held = np.isin(timeline.free_of[live], gc_positions)
-    return int(timeline.delta[live[held]].sum())
 
 
 def downsample(values: np.ndarray, max_points: int) -> np.ndarray:

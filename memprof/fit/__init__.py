@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from memprof.analysis.garbage import garbage_at
 from memprof.analysis.labels import CATEGORIES
-from memprof.analysis.timeline import garbage_at
 from memprof.errors import MemprofError
 from memprof.fit.plan import Candidate, Config, FitResult, Measured, fitting, next_to_verify, smallest, suggestions
 from memprof.fit.scale import Probe, ScaleResult, answer, bisect, bisect_probes, probe, scale_dir, with_value

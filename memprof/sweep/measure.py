@@ -22,7 +22,8 @@ import numpy as np
 
 from memprof._events import Kind
 from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, model_at
-from memprof.analysis.timeline import Timeline, freed_bytes, rise_start, window_rise
+from memprof.analysis.garbage import freed_bytes
+from memprof.analysis.timeline import Timeline, rise_start, window_rise
 from memprof.analysis.units import round_up_array
 from memprof.capture import Capture
 from memprof.errors import one_line

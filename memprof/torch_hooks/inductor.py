@@ -119,6 +119,34 @@ def install_graph_hooks(patches: Patches, sink: GraphSink) -> None:
     patches.set("torch._inductor.compile_fx", "_compile_fx_inner", compile_inner)
 
 
+def install_reuse_rule(patches: Patches) -> None:
+    """In a backward graph memprof's remat pass planned, Inductor's wrapper hands a freed buffer on
+    only to the next kernel's allocation, never over a distance, until `patches` is undone.
+
+    Inductor reuses a freed buffer for a later allocation of its size when its own estimate of the
+    bytes live in between, plus the buffer, stays under its estimate of the graph's peak. Torch
+    2.11 puts a backward's peak at its start (it lets the gradients go at once), so the buffers
+    handed over a distance fill the end of the backward, where the gradients really peak, up to
+    that figure: on the GQA decoder, six 23 MB buffers held from the last layer to the first
+    (docs/remat.md, Limits). Freed and allocated again instead, a buffer is never held in between,
+    so the allocated bytes can only be fewer; the pass's own estimate of the backward counts
+    buffers that way."""
+    from torch._inductor.codegen.wrapper import AllocateLine
+    from torch._inductor.virtualized import V
+
+    original = AllocateLine.should_reuse_buffer
+
+    def should_reuse_buffer(self: Any, free_line: Any, size: int) -> bool:
+        if not original(self, free_line, size):
+            return False
+        if getattr(self, "comm_buffer", False) or free_line.scheduler_node_index + 1 == self.scheduler_node_index:
+            return True
+        module = getattr(V.graph, "orig_gm", None)
+        return "memprof_remat" not in getattr(module, "meta", {})
+
+    patches.set("torch._inductor.codegen.wrapper", "AllocateLine.should_reuse_buffer", should_reuse_buffer)
+
+
 KnapsackCall = tuple[float, Any, list[float], list[float], list[Any], list[int], list[int]]
 
 

@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from memprof.torch_hooks.inductor import install_reuse_rule
 from memprof.torch_hooks.patch import Patches, resolve
 
 Partitioner = Callable[..., tuple[Any, Any]]
@@ -293,6 +294,7 @@ def _refresh() -> None:
             patches.set("torch._inductor.config", "custom_partitioner_fn",
                         _inductor_class()(inductor_config.custom_partitioner_fn))
             patches.set("torch._dynamo.backends.common", "AotAutograd.__call__", _aot_call(AotAutograd.__call__))
+            install_reuse_rule(patches)  # (a no-op for graphs the remat pass did not plan)
             _caches_hooked = _hook_caches(patches)
             for module, name in _CACHE_FLAGS:
                 obj, attr = resolve(module, name)

@@ -26,6 +26,7 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("torch._inductor.graph", "GraphLowering.codegen"),
     ("torch._inductor.memory", "estimate_peak_memory"),
     ("torch._inductor.compile_fx", "_compile_fx_inner"),
+    ("torch._inductor.codegen.wrapper", "AllocateLine.should_reuse_buffer"),
     ("torch._inductor.compile_fx", "_recursive_joint_graph_passes"),
     ("torch._inductor.output_code", "CompiledFxGraph.__call__"),
     ("torch._inductor.async_compile", "AsyncCompile.triton"),

@@ -136,7 +136,7 @@ def test_frees_by_the_cyclic_garbage_collector_are_told_apart() -> None:
     assert "cyclic garbage collector freed 3 allocations (12.0 kB, in 3 of 3 steps)" in text
     assert "12.0 kB  of them allocated in aten::empty (3 allocations)" in text
     assert measure(cap).gc_freed == 4000
-    from memprof.analysis.timeline import garbage_at
+    from memprof.analysis.garbage import garbage_at
 
     with memprof.capture() as held_cap:  # garbage live at the peak: the collector's bytes there, to the byte
         cycle = {"t": torch.empty(1000, dtype=torch.float32)}
