@@ -151,7 +151,7 @@ def main() -> None:
                     help="also time every configuration (tools/bench_remat.py, this many rounds)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    script = [str(ROOT / "examples" / f"train_{a.model}.py"), *(["--paper"] if a.full else []),  # (every example takes it)
+    script = [str(ROOT / "examples" / f"train_{a.model}.py"), *(["--paper"] if a.full else []),
               *(["--layers", str(a.layers)] if a.layers else []), "--steps", str(a.steps)]
     common = ["--budgets", a.budgets, *(["--jobs", str(a.jobs)] if a.jobs else []), "--json"]
     tmp = Path(tempfile.mkdtemp(prefix="bench_fit_"))
