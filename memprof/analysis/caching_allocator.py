@@ -288,13 +288,28 @@ class OptimizerStep(NamedTuple):
 
     state: Sequence[int]
     transient: Sequence[tuple[int, int]] = ()
+    grads: int = 0  # the bytes of its parameters' gradients, live while it runs (after the backward)
+
+
+def optimizer_peak(between: OptimizerStep) -> int:
+    """The most an optimizer step holds above the parameters and its state, in requested bytes: the
+    gradients, and its temporaries at their most."""
+    live, peak = 0, 0
+    sizes: dict[int, int] = {}
+    for key, nbytes in between.transient:
+        live += nbytes if nbytes else -sizes.pop(key, 0)
+        if nbytes:
+            sizes[key] = nbytes
+        peak = max(peak, live)
+    return between.grads + peak
 
 
 @dataclass(frozen=True)
 class SteadyStep:
     """A step after the first as the model runs it: the bytes allocated when it starts (what was
     there before the first step, and what the first left: the optimizer's state in the blocks it
-    got), the most it allocates above that, and the bytes reserved when it ends (the model returns no
+    got), the most it allocates above that (its optimizer step's temporaries beside the gradients
+    included), and the bytes reserved when it ends (the model returns no
     segment: its reserved peak)."""
 
     start: int
@@ -323,4 +338,7 @@ def steady_peak(model: CachingAllocatorModel, step: Sequence[Sequence[tuple[int,
     for requests in step:
         m.run(requests)
         peak = max(peak, m.peak_allocated - start)
+    # its optimizer step, the gradients still live: the state is there, the temporaries come and go
+    m.run((_BETWEEN_KEYS - len(between.state) - key, nbytes) for key, nbytes in between.transient)
+    peak = max(peak, m.peak_allocated - start)
     return SteadyStep(start, peak, m.reserved)

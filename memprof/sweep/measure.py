@@ -140,7 +140,7 @@ class Measured:
     plans: int
     facts: PlanFacts | None
     at_peak: dict[str, int] = field(default_factory=dict)  # category -> bytes live at the measured step's peak
-    peak_phase: str = ""  # "forward", "backward", or "" (outside compiled graphs / unknown)
+    peak_phase: str = ""  # "forward", "backward", "optimizer step" (a CPU estimate), or "" (unknown)
     buffer_level: bool = False  # Inductor wrapper code joined allocations to FX nodes (recomputed values told apart)
     estimates: dict[str, float | None] = field(default_factory=dict)  # estimator -> predicted step peak (bytes)
     notes: list[str] = field(default_factory=list)

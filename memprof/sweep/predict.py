@@ -132,6 +132,8 @@ class _Book:
     def at_stop(self) -> None:
         if self.segments is not None and self.segments[0] >= 0:
             self.optimizer_state = optimizer_state_requests(self.segments[0])
+        elif self.resident is not None and self.resident.device == "cpu":
+            self.optimizer_state = optimizer_state_requests(-1)
         if self.resident is not None:
             # the forward has run: its thread's cuBLAS workspace exists now and stays for every step;
             # the backward runs on the autograd engine's device thread, whose own cuBLAS handle makes
@@ -207,10 +209,13 @@ def predict(script: str, args: list[str], budgets: Sequence[float], remat: str |
 def _allocator(book: _Book, device: str, notes: list[str]) -> tuple[CachingAllocatorModel | None,
                                                                     OptimizerStep | None]:
     """The caching allocator's model as the script left it before its first compiled graph ran, and
-    the optimizers' first step to come (None, None: not a CUDA run, allocator settings the model does not
-    hold for, or no optimizer state known: the estimate then counts requests)."""
+    the optimizers' first step to come (on the CPU the step alone, no blocks; None, None: not a CUDA
+    run, allocator settings the model does not hold for, or no optimizer state known: the estimate
+    then counts requests)."""
     import os
 
+    if device == "cpu" and book.optimizer_state is not None and not book.optimizer_state[1]:
+        return None, book.optimizer_state[0]  # (requests, no allocator's blocks: the optimizer step's peak)
     if device != "cuda" or book.segments is None or book.segments[0] < 0 or book.optimizer_state is None:
         return None, None
     if not settings_modelled(os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")):

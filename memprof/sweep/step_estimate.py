@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, steady_peak
+from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, optimizer_peak, steady_peak
 from memprof.plans import FxNode, Plan
 from memprof.sweep.block_peak import block_peak, chain_requests
 from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, running_torch_version, tangents_held
@@ -51,7 +51,8 @@ def activation_inputs(plan: Plan, earlier: Mapping[tuple[tuple[int, ...], str], 
 @dataclass(frozen=True)
 class CaptureEstimate:
     """memprof's estimate for a capture's compiled pairs: the largest step estimate, where it is
-    ("forward" or "backward") and what is live there by category (`peak_breakdown`)."""
+    ("forward", "backward", or "optimizer step" on the CPU) and what is live there by category
+    (`peak_breakdown`)."""
 
     peak: int
     phase: str
@@ -130,6 +131,10 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     if best is None:
         return None
     best = dataclasses.replace(best, unprobed=tuple(missed), requested_peak=best.peak)
+    if allocator is None and between is not None and optimizer_peak(between) > best.peak:
+        # (requests, no blocks: the CPU) its optimizer step holds more than its forward or backward
+        best = CaptureEstimate(optimizer_peak(between), "optimizer step", {"gradient": between.grads, "temporary":
+                               optimizer_peak(between) - between.grads}, best.unprobed, best.peak)
     if allocator is not None:
         steps = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block)
                  for chain in _chains(links)]

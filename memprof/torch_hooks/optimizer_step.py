@@ -24,16 +24,18 @@ def optimizer_state_bytes(device_type: str) -> int:
         if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             return 0
         return sum(round_size(r) for r in optimizer_state_requests(torch.cuda.current_device())[0].state)
-    return sum(_state_requests(lambda p: p.device.type == "cpu")[0].state)
+    return sum(optimizer_state_requests(-1)[0].state)
 
 
 def optimizer_state_requests(device: int) -> tuple[OptimizerStep, list[str]]:
-    """What the first step of each live optimizer allocates on CUDA device `device`, in the order it
-    does: its state (Adam and AdamW: per parameter the step count where it lives on the device
+    """What the first step of each live optimizer allocates on CUDA device `device` (-1: on the CPU),
+    in the order it does: its state (Adam and AdamW: per parameter the step count where it lives on the device
     (fused or capturable), exp_avg, exp_avg_sq, and max_exp_avg_sq with amsgrad; SGD: a momentum
     buffer where momentum is set) and the temporaries it frees before it ends (`adam_temporaries`);
     and the names of optimizers whose step is not known this way. Parameters whose state exists
     already (a step ran) allocate nothing."""
+    if device < 0:  # (the CPU)
+        return _state_requests(lambda p: p.device.type == "cpu")
     return _state_requests(lambda p: p.device.type == "cuda" and (p.device.index or 0) == device)
 
 
@@ -46,10 +48,12 @@ def _state_requests(here: Any) -> tuple[OptimizerStep, list[str]]:
     requests: list[int] = []
     transient: list[tuple[int, int]] = []
     unknown: set[str] = set()
+    grads = 0
     for opt in live_instances(torch.optim.Optimizer):
         adam = isinstance(opt, (torch.optim.Adam, torch.optim.AdamW))
         for group in opt.param_groups:
             new = [p for p in group["params"] if p.requires_grad and here(p) and not opt.state.get(p)]
+            grads += sum(p.numel() * p.element_size() for p in new)
             for p in new:
                 nbytes = p.numel() * p.element_size()
                 if adam:
@@ -60,10 +64,24 @@ def _state_requests(here: Any) -> tuple[OptimizerStep, list[str]]:
                 else:
                     unknown.add(type(opt).__name__)
             if adam and new:
-                transient += adam_temporaries(group, [(p.dtype, p.numel() * p.element_size()) for p in new],
+                transient += adam_temporaries({**group, "foreach": _foreach(group, new)},
+                                              [(p.dtype, p.numel() * p.element_size()) for p in new],
                                               isinstance(opt, torch.optim.AdamW)
                                               or bool(group.get("decoupled_weight_decay")), key=len(transient))
-    return OptimizerStep(requests, transient), sorted(unknown)
+    return OptimizerStep(requests, transient, grads), sorted(unknown)
+
+
+def _foreach(group: dict[str, Any], params: Sequence[Any]) -> bool | None:
+    """Whether the group's step runs foreach: as set, else torch's default for these parameters
+    (foreach on CUDA, one tensor at a time on the CPU)."""
+    if group.get("foreach") is not None or group.get("fused"):
+        return group.get("foreach")  # type: ignore[no-any-return]
+    try:
+        from torch.optim.optimizer import _default_to_fused_or_foreach
+
+        return bool(_default_to_fused_or_foreach(list(params), bool(group.get("differentiable")), use_fused=False)[1])
+    except (ImportError, TypeError):
+        return None
 
 
 def adam_temporaries(group: dict[str, Any], params: Sequence[tuple[object, int]], decoupled: bool,

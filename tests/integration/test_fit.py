@@ -59,7 +59,7 @@ def test_what_would_close_the_gap_is_computed_from_the_bytes() -> None:
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object], str]:
     out = tmp_path_factory.mktemp("fit") / "fit"
-    res = run_memprof("fit", "--memory", "3.25MB", "--budgets", "0.0,1.0", "--jobs", "1", "-o", str(out),
+    res = run_memprof("fit", "--memory", "3.17MB", "--budgets", "0.0,1.0", "--jobs", "1", "-o", str(out),
                       "--json", SCRIPT, "--", "--steps", "4", cwd=out.parent)
     assert res.returncode == 0, res.stderr
     return out, json.loads(res.stdout), res.stderr
@@ -68,17 +68,17 @@ def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, ob
 def test_a_limit_between_the_smallest_and_the_largest_is_met_and_proved(
         fitted: tuple[Path, dict[str, object], str]) -> None:
     out, doc, _err = fitted
-    assert doc["fits"] is True and doc["limit_bytes"] == 3_250_000 and doc["device"] == "cpu"
+    assert doc["fits"] is True and doc["limit_bytes"] == 3_170_000 and doc["device"] == "cpu"
     cands = doc["candidates"]
     assert isinstance(cands, list) and len(cands) == 4
     stock_1 = next(c for c in cands if c["budget"] == 1.0 and c["remat"] is None)
-    assert stock_1["predicted_peak_bytes"] > 3_250_000  # the stock default would not fit: the choice matters
+    assert stock_1["predicted_peak_bytes"] > 3_170_000  # the stock default would not fit: the choice matters
     choice = doc["choice"]
     assert isinstance(choice, dict) and choice["budget"] < 1.0
     # the proof: the verifying run's capture, its peak under the limit and within 1% of the prediction
     measured, predicted = doc["measured_peak_bytes"], doc["predicted_peak_bytes"]
     assert isinstance(measured, int) and isinstance(predicted, int)
-    assert measured <= 3_250_000 and abs(predicted - measured) <= 0.01 * measured
+    assert measured <= 3_170_000 and abs(predicted - measured) <= 0.01 * measured
     verified = doc["verified"]
     assert isinstance(verified, list)
     cap = memprof.load(out / verified[-1]["capture"])
@@ -178,8 +178,8 @@ def test_a_budget_in_bytes_plans_the_configuration_that_fits(tmp_path: Path) -> 
 
     assert Budget().convert("24GB", None, None) == 24 * 10**9 and Budget().convert("0.1", None, None) == 0.1
     assert Budget().convert("1.5GiB", None, None) == 3 * 2**29
-    # the bundled Llama: stock at 0 and 1 and light at 1 are predicted above 3.25 MB, light at 0 under it
-    assert plan(SCRIPT, ["--steps", "3"], 3_250_000, budgets=(0.0, 1.0)) == Config(0.0, "light")
+    # the bundled Llama: stock at 0 and 1 and light at 1 are predicted above 3.17 MB, light at 0 under it
+    assert plan(SCRIPT, ["--steps", "3"], 3_170_000, budgets=(0.0, 1.0)) == Config(0.0, "light")
     for bad, words in (("0GB", "more than 0 bytes"), ("3parsecs", "unknown unit"), ("1.5", "in [0, 1]")):
         assert words in one_line_error(invoke_memprof("trace", "--budget", bad, SCRIPT, cwd=tmp_path))
 

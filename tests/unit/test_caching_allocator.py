@@ -167,6 +167,32 @@ def test_the_optimizers_temporaries_reserve_what_the_free_blocks_cannot_serve() 
     assert with_temps.reserved - plain.reserved == 4 * MiB
 
 
+def test_an_optimizer_step_above_the_steps_own_peak_is_the_peak() -> None:
+    """With little kept for the backward (the remat pass at a low budget), the optimizer step, the
+    gradients live beside its temporaries, can hold more than the forward and backward: the peak a
+    prediction gives is then the optimizer step's, with the allocator's blocks or in requests (the
+    CPU). On the CPU torch's Adam runs one tensor at a time by default (CUDA: foreach)."""
+    import torch
+
+    from memprof.analysis.caching_allocator import optimizer_peak, steady_peak
+    from memprof.torch_hooks.optimizer_step import optimizer_state_requests
+
+    step = [[(1, 1 * MiB), (2, 4 * MiB), (1, 0)]]  # an activation freed, a 4 MiB gradient kept
+    sqrt = [(k, 2 * MiB) for k in range(2)] + [(k, 0) for k in range(2)]
+    between = OptimizerStep([4 * MiB, 4 * MiB], sqrt, grads=4 * MiB)
+    assert optimizer_peak(between) == 8 * MiB
+    assert steady_peak(CachingAllocatorModel(), step, between).peak == 8 * MiB
+    assert steady_peak(CachingAllocatorModel(), step, OptimizerStep([4 * MiB, 4 * MiB])).peak == 5 * MiB
+    before, _ = optimizer_state_requests(-1)  # (optimizers other tests left alive, if any)
+    w = torch.nn.Parameter(torch.zeros(1000))
+    opt = torch.optim.AdamW([w])
+    found, unknown = optimizer_state_requests(-1)
+    assert not unknown and found.state[len(before.state):] == [4000, 4000] and found.grads - before.grads == 4000
+    # one tensor at a time: its square root and the denominator
+    assert [b for _k, b in found.transient[len(before.transient):]] == [4000, 4000, 0, 0]
+    del opt
+
+
 def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> None:
     """A prediction has the allocator only as it was before the first step (no step ran): the step's
     requests run twice from there, with the optimizer's first-step state (AdamW: step, exp_avg,
