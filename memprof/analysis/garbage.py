@@ -15,7 +15,6 @@ GC_START = "python gc: start"
 GC_STOP = "python gc: stop"
 
 
-
 def gc_freed_positions(raw: np.ndarray, timeline: Timeline, strings: Sequence[str]) -> np.ndarray:
     """Timeline positions of the frees Python's cyclic garbage collector made: frees on the thread
     of a collection, between its start and stop marks (tensors held in reference cycles, freed when
