@@ -90,6 +90,7 @@ class _Walk:
         self.items: dict[int, list[int]] = {}
         self.carved: dict[tuple[int, int], int] = {}
         self.carved_from: dict[int, tuple[int, int]] = {}
+        self.held_items: dict[int, list[int]] = {}  # tuple -> its carved items, which it holds until it goes
         for name, (sid, _size) in inputs.items():
             self.made.setdefault(sid, (f"input {name}", f"input {name}"))
         self.key_base = key_base
@@ -113,8 +114,10 @@ class _Walk:
 
     def unbind(self, name: str) -> None:
         sid = self.names.pop(name, None)
-        if sid is None:
-            return
+        if sid is not None:
+            self._release(sid)
+
+    def _release(self, sid: int) -> None:
         self.refs[sid] -= 1
         if self.refs[sid] == 0 and sid in self.owned:
             self.live -= self.sizes.get(sid, 0)
@@ -122,6 +125,8 @@ class _Walk:
             self.log.extend((k, 0) for k in self.keys.pop(sid, ()))
             if self.explain:
                 self.events.append((sid, False))
+            for item in self.held_items.pop(sid, ()):  # (a tuple's items go with it, once nothing else holds them)
+                self._release(item)
 
     def new(self, name: str, nbytes: int, what: str, items: list[int] | None = None) -> None:
         sid = self.next_id
@@ -173,7 +178,8 @@ class _Walk:
 
     def carve(self, name: str, tuple_id: int, item: int) -> None:
         """`name = tuple[item]`: the item becomes a storage of its own (the bytes move out of the
-        tuple's; nothing is allocated), so each item is freed at its own last `del`."""
+        tuple's; nothing is allocated), freed when its last name and the tuple are gone (the tuple
+        holds its items: `del bufK` before `del bufN` frees nothing)."""
         sizes = self.items[tuple_id]
         if (tuple_id, item) in self.carved:
             self.bind(name, self.carved[(tuple_id, item)])
@@ -197,6 +203,8 @@ class _Walk:
             self.events.append((sid, True))
             self.carved_from[sid] = (tuple_id, len(self.events))
         self.bind(name, sid)
+        self.refs[sid] += 1  # the tuple's
+        self.held_items.setdefault(tuple_id, []).append(sid)
 
     def _key(self) -> int:
         """A fresh allocator key (an id no storage of this walk uses)."""
