@@ -102,6 +102,33 @@ def test_a_tuples_items_are_freed_each_at_its_own_del() -> None:
     assert walk_wrapper(WRAPPER, fx, block=512).peak == 16384 * 3 + 512
 
 
+def test_an_item_outlives_its_own_del_while_its_tuple_lives() -> None:
+    """The tuple a fallback op returns holds its items: `del buf3` of an item taken out of it frees
+    nothing while `buf2` lives (Python's references), and its bytes go at `del buf2`. The caching
+    allocator's model replays that order (the H200's GQA capture: cuDNN attention's backward)."""
+    held_first = WRAPPER.replace("""    del buf2
+    buf5 = empty_strided_cpu((64, 64), (64, 1), torch.float32)
+    cpp_fused_add_1(buf3, buf5)
+    del buf3
+    buf6 = empty_strided_cpu((64, 64), (64, 1), torch.float32)
+    cpp_fused_add_2(buf5, buf6)
+    return (buf6, buf4, )""", """    buf5 = empty_strided_cpu((64, 64), (64, 1), torch.float32)
+    cpp_fused_add_1(buf3, buf5)
+    del buf3
+    buf6 = empty_strided_cpu((64, 64), (64, 1), torch.float32)
+    cpp_fused_add_2(buf5, buf6)
+    del buf2
+    return (buf6, buf5, buf4, )""")
+    assert held_first != WRAPPER
+    w = walk_wrapper(held_first, FxGraph([_attn([16384, 256])]))
+    # buf0, both items, buf5 and buf6: item 0 is still the tuple's when buf6 is made
+    assert w.peak == 16384 * 4 + 256 and w.end == 16384 * 3 + 256
+    # the allocator's requests: item 0 (16 KB, the tuple's first key) is the one free, after buf6's request
+    tuple_keys = [k for k, b in w.log[1:3]]
+    assert [b for _k, b in w.log[1:3]] == [16384, 256]
+    assert [(k, b) for k, b in w.log if b == 0] == [(tuple_keys[0], 0)] == [w.log[-1]]
+
+
 def test_tangents_are_live_through_the_whole_backward_on_torch_2_11() -> None:
     """torch 2.11 keeps a backward's tangents live until the backward returns (the H200's captures);
     torch 2.13 frees each at the wrapper's `del` (this fixture, to the byte). The walk holds them
