@@ -202,8 +202,10 @@ def format_scale(r: ScaleResult, command: list[str]) -> str:
                  f": {r.template.replace('{}', str(value))} at {choice.config.label}")
     for v, over in r.over:
         if over is not m:
+            then = ("run as well: only the allocator model's reserved bytes had ruled it out" if v > value
+                    else "the next configuration or value down ran")
             lines.append(f"  run at {v} ({over.config.label}): {fmt_bytes(max(over.peak, over.reserved_peak or 0))}, "
-                         f"over the limit{_garbage_note(over)}: the next configuration or value down ran")
+                         f"over the limit{_garbage_note(over)}: {then}")
     lines.append(f"  run at {value}:")
     lines += ["  " + x for x in _proof(r.limit, m, choice)]
     higher = [v for v in r.values if v > value]

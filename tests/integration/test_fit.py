@@ -273,6 +273,50 @@ def test_scale_steps_down_when_the_answers_run_is_over_the_limit(tmp_path: Path,
     assert [o["value"] for o in scale_json(r)["runs_over_limit"]] == [32]
 
 
+def test_scale_runs_the_next_value_its_reserved_prediction_alone_ruled_out(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allocator model's reserved bytes can be high (the GQA decoder at batch 8: +10.8%). Above
+    the answer, a value whose smallest configuration fits in allocated bytes with the overhead the
+    answer's run measured, but not by the model's reserved bytes, runs too, and is the answer if its
+    run stays under the limit."""
+    import memprof.fit as fit_mod
+    from memprof.fit.plan import Measured
+    from memprof.fit.report import format_scale
+
+    def predicted(script: str, args: list[str], budgets: list[float], modes: list[str], *_a: object) -> fit_mod.Search:
+        n = int(args[-1].split("=")[1])  # the model reserves 800 B above the allocated peak
+        return fit_mod.Search([Candidate(Config(1.0), 100 * n, 1_000, reserved=1_800 + 100 * n),
+                               Candidate(Config(0.0, "light"), 50 * n, 1_000, reserved=1_800 + 50 * n)],
+                              "cuda", None, True, None)
+
+    runs: list[tuple[int, Config]] = []
+    overhead = {32: 200}
+
+    def verify(script: str, args: list[str], config: Config, *_a: object) -> Measured:
+        n = int(args[-1].split("=")[1])
+        runs.append((n, config))
+        step = (100 if config.remat is None else 50) * n
+        return Measured(config, 1_000 + step, 1_000 + step + overhead.get(n, 200), step, 1_000, 1.0,
+                        f"run{len(runs)}.memprof")
+
+    monkeypatch.setattr(fit_mod, "predicted", predicted)
+    monkeypatch.setattr(fit_mod, "_verify", verify)
+    r = fit_mod.fit_scale("train.py", [], "--batch={}", [4, 8, 16, 32, 64], 3_000, [0.0, 1.0], ["light"], tmp_path)
+    # predicted: 16 fits (light, 2,600 reserved), 32 does not (3,400 reserved, 2,600 allocated); the
+    # run at 16 reserved 200 B above its peak, so 32 has room (2,800): it runs, under the limit
+    assert runs == [(16, Config(0.0, "light")), (32, Config(0.0, "light"))]
+    assert r.fits and r.answer is not None and r.answer.value == 32 and r.measured is not None
+    assert r.measured.reserved_peak == 2_800 and not r.over
+    assert format_scale(r, ["train.py"]).startswith("FITS: --batch=32 at budget 0 with --remat light")
+    # a run there over the limit leaves the answer where it was, and says why it ran
+    runs.clear()
+    overhead[32] = 500
+    r = fit_mod.fit_scale("train.py", [], "--batch={}", [4, 8, 16, 32, 64], 3_000, [0.0, 1.0], ["light"], tmp_path)
+    assert runs == [(16, Config(0.0, "light")), (32, Config(0.0, "light"))]
+    assert r.answer is not None and r.answer.value == 16 and r.fits and [v for v, _m in r.over] == [32]
+    assert "run at 32 (budget 0 with --remat light): 3.1 kB, over the limit: run as well" in format_scale(r, ["t.py"])
+
+
 def test_a_script_that_compiles_nothing_is_measured_as_it_is(tmp_path: Path) -> None:
     """No graph with a backward is compiled: no budget or remat mode applies. `fit` says so and runs
     the script as it is (exit 1 over the limit, with what would close the gap); `fit --scale` runs
