@@ -130,11 +130,11 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
             best = CaptureEstimate(before + est.peak, est.phase, at_peak)
     if best is None:
         return None
+    if allocator is None and between is not None:  # (requests, no blocks: the CPU)
+        opt = optimizer_peak(between)
+        if opt > best.peak:  # its optimizer step holds more than its forward or backward
+            best = CaptureEstimate(opt, "optimizer step", {"gradient": between.grads, "temporary": opt - between.grads})
     best = dataclasses.replace(best, unprobed=tuple(missed), requested_peak=best.peak)
-    if allocator is None and between is not None and optimizer_peak(between) > best.peak:
-        # (requests, no blocks: the CPU) its optimizer step holds more than its forward or backward
-        best = CaptureEstimate(optimizer_peak(between), "optimizer step", {"gradient": between.grads, "temporary":
-                               optimizer_peak(between) - between.grads}, best.unprobed, best.peak)
     if allocator is not None:
         steps = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block)
                  for chain in _chains(links)]
