@@ -238,10 +238,8 @@ def _verify_up(result: ScaleResult, script: str, args: Sequence[str], out: Path,
         assert result.answer is not None and result.measured is not None
         higher = [v for v in result.values if v > result.answer.value]
         up = next((p for p in result.probes if higher and p.value == higher[0]), None)
-        cand = up.smallest if up is not None and up.choice is None else None
-        if up is None or cand is None or cand.peak is None or cand.need is None or cand.need <= result.limit:
-            return
-        if cand.peak + reserved_overhead([result.measured]) > result.limit:
+        cand = up.smallest if up is not None and up.choice is None else None  # (nothing predicted to fit there)
+        if up is None or cand is None or (cand.peak or 0) + reserved_overhead([result.measured]) > result.limit:
             return
         measured = _verify(script, with_value(args, result.template, up.value), cand.config,
                            scale_dir(out, up.value), 1, timeout, progress)
