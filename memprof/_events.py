@@ -7,8 +7,8 @@ module exports its offsets and `memprof._native` checks them at import.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple, overload
 
 import numpy as np
 
@@ -34,6 +34,7 @@ EVENT_DTYPE = np.dtype(
         "itemsize": EVENT_ITEMSIZE,
     }
 )
+EVENT_NAMES: tuple[str, ...] = tuple(f[0] for f in EVENT_FIELDS)
 
 
 class Kind(enum.IntEnum):
@@ -82,6 +83,134 @@ class CarriedBlock(NamedTuple):
 
     def to_json(self) -> list[object]:
         return [self.row, [list(p) for p in self.path], self.ordinal]
+
+
+class Events:
+    """A capture's events as columns: one array per field of `EVENT_DTYPE`, all of one length, read
+    as `events["kind"]`. A field that holds one value in every event (a CPU capture's stream, a
+    single thread) is stored once, as a read-only view of that value, where the 56-byte records
+    held it in every row: a 10 M-event capture's columns take what its varying fields need, not
+    560 MB (`EventsBuilder`, which `memprof.fileformat` reads a file's events into). Rows select
+    as in numpy: a slice, a mask or an index array gives the `Events` of those rows; one row is a
+    record. The columns are never written (the analysis only reads the events)."""
+
+    __slots__ = ("_columns", "_n")
+
+    def __init__(self, columns: dict[str, np.ndarray], n: int) -> None:
+        self._columns, self._n = columns, n
+
+    @classmethod
+    def of(cls, records: np.ndarray | Events) -> Events:
+        """Views of an event array's fields (no copy; `EVENT_DTYPE`'s fields, in any layout), or
+        the events themselves."""
+        if isinstance(records, Events):
+            return records
+        if records.dtype.names != EVENT_NAMES or records.ndim != 1:
+            raise ValueError(f"not an event array: {records.dtype} of shape {records.shape}")
+        return cls({name: records[name].astype(EVENT_DTYPE[name], copy=False) for name in EVENT_NAMES}, len(records))
+
+    @classmethod
+    def from_chunks(cls, n: int, chunks: Iterable[np.ndarray]) -> Events:
+        """The columns of `n` events given as `EVENT_DTYPE` arrays in order (a spill's chunks)."""
+        builder = EventsBuilder(n)
+        for chunk in chunks:
+            builder.add(chunk)
+        return builder.finish()
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, key: str) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, key: int) -> np.void: ...
+
+    @overload
+    def __getitem__(self, key: slice | np.ndarray | list[int]) -> Events: ...
+
+    def __getitem__(self, key: str | int | slice | np.ndarray | list[int]) -> np.ndarray | np.void | Events:
+        if isinstance(key, str):
+            return self._columns[key]
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (self._n if key < 0 else 0)
+            if not 0 <= i < self._n:
+                raise IndexError(f"event {int(key)} of {self._n}")
+            row: np.void = self.records(i, i + 1)[0]
+            return row
+        columns = {name: col[key] for name, col in self._columns.items()}
+        return Events(columns, len(columns["kind"]))
+
+    def __array__(self, dtype: np.dtype | None = None, copy: bool | None = None) -> np.ndarray:
+        """The events as one `EVENT_DTYPE` array (a copy: `np.asarray(capture.raw)`)."""
+        return self.records() if dtype is None else self.records().astype(dtype)
+
+    def records(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows [start, stop) as `EVENT_DTYPE` records (a copy: what the file and the spill hold)."""
+        stop = self._n if stop is None else min(stop, self._n)
+        out = np.zeros(max(stop - start, 0), dtype=EVENT_DTYPE)
+        for name, col in self._columns.items():
+            out[name] = col[start:stop]
+        return out
+
+    def chunks(self, rows: int = 1 << 16) -> Iterator[np.ndarray]:
+        """The events as records, `rows` at a time (saving writes these; never one copy of them all)."""
+        for start in range(0, self._n, rows):
+            yield self.records(start, start + rows)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes the columns hold (a field stored once counts its one value)."""
+        return sum(col.itemsize if col.strides == (0,) else col.nbytes for col in self._columns.values())
+
+
+class EventsBuilder:
+    """Builds the `Events` of `n` records given a chunk at a time, in order: a field keeps one stored
+    value until a chunk holds another, and only then gets its column (the rows before filled with
+    that value). What is held while building is the varying columns and the chunk in hand."""
+
+    def __init__(self, n: int) -> None:
+        self._n, self._at = n, 0
+        self._value: dict[str, np.ndarray] = {}  # fields with one value so far
+        self._full: dict[str, np.ndarray] = {}
+
+    def add(self, chunk: np.ndarray) -> None:
+        k = len(chunk)
+        if k == 0:
+            return
+        if self._at + k > self._n:
+            raise ValueError(f"{self._at + k:,} events given to a table of {self._n:,}")
+        for name in EVENT_NAMES:
+            col = chunk[name]
+            full = self._full.get(name)
+            if full is None:
+                value = self._value.setdefault(name, col[:1].copy())
+                if bool((col == value[0]).all()):
+                    continue
+                full = self._full[name] = np.empty(self._n, dtype=col.dtype)
+                full[: self._at] = value[0]
+                del self._value[name]
+            full[self._at : self._at + k] = col
+        self._at += k
+
+    def finish(self) -> Events:
+        if self._at != self._n:
+            raise ValueError(f"{self._at:,} events given to a table of {self._n:,}")
+        columns: dict[str, np.ndarray] = {}
+        for name in EVENT_NAMES:
+            col = self._full.get(name)
+            if col is None:
+                one = self._value.get(name, np.zeros(1, dtype=EVENT_DTYPE[name]))
+                col = np.broadcast_to(one[:1], (self._n,))  # (read-only, stride 0)
+            col.flags.writeable = False
+            columns[name] = col
+        return Events(columns, self._n)
+
+
+def index_dtype(n: int) -> type[np.signedinteger]:
+    """Rows of a capture of `n` events, and positions among them: int32 below 2**31 (half the memory
+    of numpy's int64 on a capture of millions of events), else int64."""
+    return np.int32 if n < 2**31 - 1 else np.int64
 
 
 SEGMENT_KINDS = (Kind.SEGMENT_ALLOC, Kind.SEGMENT_FREE, Kind.SEGMENT_MAP, Kind.SEGMENT_UNMAP)

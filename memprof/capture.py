@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from memprof import fileformat
-from memprof._events import KIND_NAMES, SEGMENT_KINDS, CarriedBlock, Kind, device_name, kind_mask
+from memprof._events import KIND_NAMES, SEGMENT_KINDS, CarriedBlock, Events, Kind, device_name, kind_mask
 from memprof.analysis.attribution import AttributionRow, label_timeline
 from memprof.analysis.garbage import gc_freed_positions
 from memprof.analysis.labels import Labels
@@ -45,7 +45,7 @@ class Capture:
 
     def __init__(
         self,
-        raw: np.ndarray | None = None,
+        raw: np.ndarray | Events | None = None,
         strings: list[str] | None = None,
         meta: dict[str, Any] | None = None,
         threads: list[dict[str, Any]] | None = None,
@@ -54,7 +54,7 @@ class Capture:
         tensors: list[KnownTensor] | None = None,
         carried: list[CarriedBlock] | None = None,
     ) -> None:
-        self._raw = raw
+        self._raw = None if raw is None else Events.of(raw)
         self._source: fileformat.EventSource | None = None  # the events, not read yet (`set_recorded`)
         self.plans: list[Plan] = plans if plans is not None else []
         """One entry per compiled forward/backward pair (budget, saved, recomputed, random ops)."""
@@ -90,7 +90,7 @@ class Capture:
         self.plans, self.graphs, self.tensors = plans, graphs, tensors
         self.carried = list(carried or [])
         if isinstance(raw, np.ndarray):
-            self._raw = raw
+            self._raw = Events.of(raw)
         else:  # (a spill's events: saved from where they lie, read into memory at the first use)
             self._source = raw
         self._info = None
@@ -117,8 +117,8 @@ class Capture:
         return self._info
 
     @property
-    def raw(self) -> np.ndarray:
-        """The events as stored (numeric columns; `scope` indexes `strings`)."""
+    def raw(self) -> Events:
+        """The events as stored, in columns (`raw["kind"]`, ...; `scope` indexes `strings`)."""
         if self._raw is None and self._source is not None:
             self._raw, self._source = self._source.read(), None
         if self._raw is None:
@@ -284,7 +284,7 @@ class Capture:
             pos = tl.peak_pos
         raw = self.raw
         live = tl.live_positions(pos) if pos >= 0 else np.zeros(0, np.int64)
-        sizes = tl.delta[live]
+        sizes = tl.delta_at(live)
         order = np.argsort(-sizes, kind="stable")[:top]
         rows = tl.rows[live[order]]
         kinds, aux = raw["kind"][rows], raw["aux"][rows]
@@ -389,6 +389,6 @@ def load(path: str | os.PathLike[str]) -> Capture:
         parts = spill_read.read(left)
     else:
         parts = fileformat.read(p)
-    raw = parts.raw if isinstance(parts.raw, np.ndarray) else parts.raw.read()
+    raw = parts.raw if isinstance(parts.raw, Events) else parts.raw.read()
     return Capture(raw=raw, strings=parts.strings, meta=parts.meta, threads=parts.threads, plans=parts.plans,
                    graphs=parts.graphs, tensors=parts.tensors, carried=parts.carried)

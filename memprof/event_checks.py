@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, FLAG_CARRIED, SEGMENT_KINDS, Kind, kind_mask
+from memprof._events import EVENT_DTYPE, FLAG_CARRIED, SEGMENT_KINDS, Events, Kind, kind_mask
 from memprof.capture_info import MAX_BLOCK_BYTES, MAX_TIME_NS, MAX_TOTAL_BYTES
 from memprof.errors import CaptureFileError
 
@@ -52,7 +52,7 @@ def check_fits(n: int, path: Path, what: str = "capture") -> None:
 _CHECK_CHUNK = 1 << 20  # events checked at a time: the checks' temporaries stay a few tens of MB
 
 
-def check_events(raw: np.ndarray, strings: list[str], path: Path) -> None:
+def check_events(raw: Events, strings: list[str], path: Path) -> None:
     """Event fields in the ranges memprof writes, and the stream's invariants: kinds it knows, devices
     it names, sizes of real memory with the sign of their kind, times in range and in order (the
     blocks carried into a window or a ring lead, with their earlier times). Checked a chunk of events
@@ -73,7 +73,7 @@ def check_events(raw: np.ndarray, strings: list[str], path: Path) -> None:
         raise CaptureFileError(f"{path}: corrupt capture (scope ids outside the string table)")
 
 
-def _check_values(raw: np.ndarray, start: int, total: float, path: Path) -> float:
+def _check_values(raw: Events, start: int, total: float, path: Path) -> float:
     """`check_events` on the events from `start` on (one chunk); returns the sizes added up so far."""
     chunk = raw[start : start + _CHECK_CHUNK]
 

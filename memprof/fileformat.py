@@ -24,11 +24,11 @@ from typing import IO, Any, NamedTuple, Protocol
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, FLAG_CARRIED, CarriedBlock, Kind, kind_mask
+from memprof._events import EVENT_DTYPE, FLAG_CARRIED, CarriedBlock, Events, EventsBuilder, Kind, kind_mask
 from memprof.capture_info import conform, meta_problem
 from memprof.errors import CaptureFileError
 from memprof.event_checks import check_events, check_fits
-from memprof.inflate import member_data
+from memprof.inflate import member_pieces
 from memprof.outputs import atomic_write, existing_file
 from memprof.plans import CompiledGraph, KnownTensor, Plan
 
@@ -38,20 +38,20 @@ FORMAT_VERSION = 2  # 2: plans.json and wrappers/ (version 1 files still load)
 
 class EventSource(Protocol):
     """Events not read into memory yet (a stopped session's spill, `memprof.spill_read.SpilledEvents`):
-    `chunks` streams them in order, `read` makes the one array."""
+    `chunks` streams them in order, `read` makes their columns."""
 
     def __len__(self) -> int: ...
 
     def chunks(self) -> Iterator[np.ndarray]: ...
 
-    def read(self) -> np.ndarray: ...
+    def read(self) -> Events: ...
 
 
 class Parts(NamedTuple):
     """What a .memprof file holds (`memprof.capture.Capture` is built from these; a capture being saved
     may give its events as an `EventSource`, written a chunk at a time)."""
 
-    raw: np.ndarray | EventSource
+    raw: Events | EventSource
     strings: list[str]
     meta: dict[str, Any]
     threads: list[dict[str, Any]]
@@ -87,11 +87,9 @@ def save(cap: Parts, path: Path, overwrite: bool = True) -> Path:
     return atomic_write(path, write, overwrite)
 
 
-def _write_events(member: IO[bytes], raw: np.ndarray | EventSource) -> None:
-    """events.npy: an array as numpy writes it, or a source's chunks after the header numpy would write."""
-    if isinstance(raw, np.ndarray):
-        np.lib.format.write_array(member, np.ascontiguousarray(raw), allow_pickle=False)
-        return
+def _write_events(member: IO[bytes], raw: Events | EventSource) -> None:
+    """events.npy: the header numpy would write for the array, then the records a chunk at a time
+    (never one copy of them all)."""
     header = np.lib.format.header_data_from_array_1_0(np.empty(0, dtype=EVENT_DTYPE))
     np.lib.format.write_array_header_1_0(member, {**header, "shape": (len(raw),)})
     written = 0
@@ -198,7 +196,7 @@ def loads_json(data: bytes, name: str, path: Path) -> Any:
     return value
 
 
-def _read_events(zf: zipfile.ZipFile, path: Path) -> np.ndarray:
+def _read_events(zf: zipfile.ZipFile, path: Path) -> Events:
     """events.npy: its header checked against the member's declared size before the data is read."""
     info = _info(zf, "events.npy", path)
     bad = f"{path}: corrupt capture (events.npy is not a memprof event array)"
@@ -221,11 +219,23 @@ def _read_events(zf: zipfile.ZipFile, path: Path) -> np.ndarray:
                                    f"its size holds {max(info.file_size - fh.tell(), 0) // EVENT_DTYPE.itemsize:,})")
         check_fits(n, path)
         start = fh.tell()
-    data = member_data(path, info, _clip(info.filename))
-    if len(data) != info.file_size:
-        raise CaptureFileError(f"{path}: truncated capture (events.npy is short)")
-    # (read-only: the analysis never writes the events, and a copy would double their memory)
-    return np.frombuffer(data, dtype=EVENT_DTYPE, count=n, offset=start)
+    return _events_of(member_pieces(path, info, _clip(info.filename)), start, n)
+
+
+def _events_of(pieces: Iterator[bytes], start: int, n: int) -> Events:
+    """The events of a member's pieces, into columns as they come (`EventsBuilder`): never the
+    whole member's bytes, nor an array of its records, in memory at once. `start`: the header's bytes."""
+    builder, size = EventsBuilder(n), EVENT_DTYPE.itemsize
+    held = b""  # the header's bytes, then a record split between two pieces
+    for piece in pieces:
+        data = held + piece if held else piece
+        if start:
+            skip = min(start, len(data))
+            data, start = data[skip:], start - skip
+        whole = len(data) // size
+        builder.add(np.frombuffer(data, dtype=EVENT_DTYPE, count=whole))
+        held = data[whole * size :]
+    return builder.finish()
 
 
 def _is_int(v: Any) -> bool:
@@ -311,7 +321,7 @@ def _is_script(path: Path) -> bool:
     return head.startswith(b"#!") and b"python" in head.split(b"\n", 1)[0]
 
 
-def checked(raw: np.ndarray, strings: Any, meta: dict[str, Any], threads: Any, plans_doc: Any,
+def checked(raw: Events, strings: Any, meta: dict[str, Any], threads: Any, plans_doc: Any,
             sources: dict[str, str], path: Path, carried: Any = ()) -> Parts:
     """A capture's parts, each checked (types, event fields in range); one CaptureFileError line
     otherwise. (`read`, and the spill's recovery.)"""
@@ -324,7 +334,7 @@ def checked(raw: np.ndarray, strings: Any, meta: dict[str, Any], threads: Any, p
                  _carried(carried, raw, len(strings), path))
 
 
-def _carried(doc: Any, raw: np.ndarray, strings: int, path: Path) -> list[CarriedBlock]:
+def _carried(doc: Any, raw: Events, strings: int, path: Path) -> list[CarriedBlock]:
     """carried.json: [[row, [[scope, occurrence], ...], ordinal], ...], each row a carried allocation."""
     bad = f"{path}: corrupt capture (bad carried.json)"
     if not isinstance(doc, list | tuple):

@@ -1,21 +1,22 @@
-"""A zip member read whole, fast and bounded (`memprof.fileformat`'s events): its bytes found from
-its local header, inflated straight into one buffer of its declared size and never past it, and
-checked against its CRC."""
+"""A zip member read a piece at a time, fast and bounded (`memprof.fileformat`'s events): its bytes
+found from its local header, inflated a piece at a time and never past its declared size, and
+checked against its CRC once the last piece is given."""
 
 from __future__ import annotations
 
 import zipfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
-
-import numpy as np
 
 from memprof.errors import CaptureFileError
 
+_PIECE = 4 << 20  # what one piece holds at most: it stays in the cache while the reader takes it in
 
-def member_data(path: Path, info: zipfile.ZipInfo, name: str) -> bytes | np.ndarray:
-    """A member's bytes (`inflate`d where deflated), checked against its CRC; `name`: the member's,
-    as an error line shows it."""
+
+def member_pieces(path: Path, info: zipfile.ZipInfo, name: str) -> Iterator[bytes]:
+    """A member's bytes (`inflate`d where deflated), in order, a piece at a time; after the last,
+    its size and CRC are checked. `name`: the member's, as an error line shows it."""
     with open(path, "rb") as f:
         f.seek(info.header_offset)
         head = f.read(30)
@@ -27,20 +28,29 @@ def member_data(path: Path, info: zipfile.ZipInfo, name: str) -> bytes | np.ndar
     if len(packed) != info.compress_size:
         raise CaptureFileError(f"{path}: truncated capture ({name} is short)")
     stored = info.compress_type == zipfile.ZIP_STORED
-    data: bytes | np.ndarray = packed if stored else inflate(packed, info.file_size, path, name)
-    del packed
-    if zlib.crc32(data if isinstance(data, bytes) else data.data) != info.CRC:
+    pieces = _stored(packed, info.file_size) if stored else inflate(packed, info.file_size, path, name)
+    crc, size = 0, 0
+    for piece in pieces:
+        crc = zlib.crc32(piece, crc)
+        size += len(piece)
+        yield piece
+    if size != info.file_size:
+        raise CaptureFileError(f"{path}: truncated capture ({name} is short)")
+    if crc != info.CRC:
         raise CaptureFileError(f"{path}: corrupt capture ({name} fails its CRC check)")
-    return data
 
 
-def inflate(packed: bytes, size: int, path: Path, name: str) -> np.ndarray:
-    """A deflated member's bytes, inflated into one buffer of its declared size, a megabyte of the
-    stream in and at most 4 MB out at a time: never more than that size (a stream that would
-    inflate further is refused there), and no second copy of the whole (zipfile's reader copies
-    every piece through Python's buffers; one `decompress` call joins its output blocks at the
-    end and runs out of the cache)."""
-    out = np.empty(size, dtype=np.uint8)
+def _stored(packed: bytes, size: int) -> Iterator[bytes]:
+    view = memoryview(packed)[:size]
+    for at in range(0, len(view), _PIECE):
+        yield bytes(view[at : at + _PIECE])
+
+
+def inflate(packed: bytes, size: int, path: Path, name: str) -> Iterator[bytes]:
+    """A deflated member's bytes, a megabyte of the stream in and at most 4 MB out at a time: never
+    more than its declared size (a stream that would inflate further is refused there), and no
+    copy of the whole (zipfile's reader copies every piece through Python's buffers; one
+    `decompress` call joins its output blocks at the end and runs out of the cache)."""
     stream_of = zlib.decompressobj(-15)  # (raw deflate, as a zip member holds it)
     stream, at, pos = memoryview(packed), 0, 0
     pending: bytes | memoryview = b""
@@ -49,12 +59,12 @@ def inflate(packed: bytes, size: int, path: Path, name: str) -> np.ndarray:
             if pos >= len(stream):
                 break
             pending, pos = stream[pos : pos + (1 << 20)], pos + (1 << 20)
-        piece = stream_of.decompress(pending, min(size - at + 1, 4 << 20))  # (pieces that stay in the cache)
+        piece = stream_of.decompress(pending, min(size - at + 1, _PIECE))
         pending = stream_of.unconsumed_tail
         if at + len(piece) > size:
             break
-        out[at : at + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
         at += len(piece)
+        if piece:
+            yield piece
     if not stream_of.eof or at != size or pending:
         raise CaptureFileError(f"{path}: corrupt capture ({name} inflates to other than its declared size)")
-    return out

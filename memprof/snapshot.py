@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, Kind, parse_device
+from memprof._events import EVENT_DTYPE, Events, Kind, parse_device
 from memprof.analysis.caching_allocator import round_size
 from memprof.analysis.labels import CATEGORIES
 from memprof.capture_info import MAX_BLOCK_BYTES, MAX_TIME_NS
@@ -241,7 +241,7 @@ def to_parts(data: dict[str, Any], path: Path) -> Parts:
     if len(raw):
         meta["t_start_ns"], meta["t_stop_ns"] = int(raw["t_ns"][0]), int(raw["t_ns"][-1])
     meta["cuda_tracker"] = "attached" if any(d != "cpu" for d in meta["baselines"]) else None
-    return Parts(raw, strings, meta, [], [], [], known, [])
+    return Parts(Events.of(raw), strings, meta, [], [], [], known, [])
 
 
 def _segment_state(segments: list[dict[str, Any]], index: int) -> tuple[list[tuple[int, int, dict[str, Any]]], int]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from memprof._events import EVENT_DTYPE, Kind
+from memprof._events import EVENT_DTYPE, Events, Kind
 from memprof.errors import CaptureFileError
 from memprof.event_checks import check_fits
 from memprof.fileformat import Parts, checked, loads_json
@@ -76,7 +76,7 @@ class SpilledEvents:
     """A stopped session's events where they lie: the spill's event records, read through a descriptor
     held open (the spill can be removed meanwhile: its data stays until this closes), then `tail`,
     the events the store recorded after the last write. `chunks` streams them a record at a time (the
-    capture file is written from them with memory bounded by one record); `read` makes the one array
+    capture file is written from them with memory bounded by one record); `read` makes the columns
     the analysis needs, once."""
 
     def __init__(self, path: Path, written: int, tail: np.ndarray) -> None:
@@ -106,12 +106,10 @@ class SpilledEvents:
         if len(self.tail):
             yield self.tail
 
-    def read(self) -> np.ndarray:
-        """Every event in one array; the descriptor is closed."""
-        f = self._file()
-        out = np.empty(len(self), dtype=EVENT_DTYPE)
-        read_into(f, out, self._parts, self.head)
-        out[self.head :] = self.tail
+    def read(self) -> Events:
+        """Every event, in columns (`Events`: a chunk in memory at a time beside them); the
+        descriptor is closed."""
+        out = Events.from_chunks(len(self), self.chunks())
         self.close()
         return out
 
@@ -172,4 +170,4 @@ def _parts(f: io.BufferedReader, records: list[Record], path: Path, live: bool =
     if not main and len(raw):  # no thread table written yet: the capture starts on its own thread
         main = [int(raw["thread"][0])]
     meta.setdefault("main_thread", main[0] if main else None)
-    return checked(raw, strings, meta, threads, doc, sources, path, carried)
+    return checked(Events.of(raw), strings, meta, threads, doc, sources, path, carried)

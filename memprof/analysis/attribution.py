@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memprof._events import FLAG_OTHER_THREAD, CarriedBlock, Kind
+from memprof._events import FLAG_OTHER_THREAD, CarriedBlock, Events, Kind
 from memprof.analysis.carried import label_carried
 from memprof.analysis.distributed import label_distributed
 from memprof.analysis.join import join_call
@@ -86,12 +86,13 @@ def eager_categories(in_optimizer: np.ndarray, outlives_optimizer: np.ndarray, i
     (AccumulateGrad); else a temporary of the backward; else a saved activation if a backward frees it;
     else an input if it was made before the first compiled call or backward or spans a step; else a
     temporary. (Arrays: a capture can hold millions.)"""
-    cat = np.where(is_input, Category.INPUT, Category.TEMPORARY)  # the rules, the last first
-    cat = np.where(freed_in_bw, Category.SAVED_ACTIVATION, cat)
-    cat = np.where(in_backward, Category.TEMPORARY, cat)
-    cat = np.where(is_grad, Category.GRADIENT, cat)
-    return np.where(in_optimizer, np.where(outlives_optimizer, Category.OPTIMIZER_STATE, Category.TEMPORARY),
-                    cat).astype(np.int8)
+    cat = np.where(is_input, np.int8(Category.INPUT), np.int8(Category.TEMPORARY))  # each rule over the last
+    cat[freed_in_bw] = Category.SAVED_ACTIVATION
+    cat[in_backward] = Category.TEMPORARY
+    cat[is_grad] = Category.GRADIENT
+    cat[in_optimizer] = np.where(outlives_optimizer[in_optimizer], np.int8(Category.OPTIMIZER_STATE),
+                                 np.int8(Category.TEMPORARY))
+    return cat
 
 
 def _grad_scopes(ctx: LabelContext) -> np.ndarray:
@@ -109,24 +110,35 @@ def _label_eager(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int, int
     opt_end = np.asarray([o[2] for o in opts] + [0], dtype=np.int64)
     steps = np.flatnonzero(raw["kind"] == Kind.STEP)
     free_row = ctx.free_row[eager]
-    spans_step = (np.searchsorted(steps, free_row) - np.searchsorted(steps, erows)) > 0
+    spans_step = (np.searchsorted(steps, free_row) > np.searchsorted(steps, erows)) if len(steps) else \
+        np.zeros(len(eager), bool)
     is_grad = np.isin(escope, _grad_scopes(ctx).astype(escope.dtype))
     bw_here = in_backward[eager]
     cat = eager_categories(in_opt >= 0, free_row > opt_end[in_opt], is_grad, bw_here, freed_in_bw[eager],
                            (erows < first_activity) | spans_step)
-    ids, inverse = np.unique(escope, return_inverse=True)
+    ids, inverse = _small_unique(escope)
     kerns = [ctx.strings[int(i)] or "(no scope)" for i in ids.tolist()]
     node_ids = np.asarray([ctx.names(f"eager:{k}") for k in kerns], dtype=np.int32)
     kern_ids = np.asarray([ctx.names(k) for k in kerns], dtype=np.int32)
-    inverse = inverse.reshape(-1)
     ctx.category[eager] = cat
     ctx.node[eager] = node_ids[inverse] if len(ids) else 0
     ctx.layer[eager] = 0
     ctx.kernel[eager] = kern_ids[inverse] if len(ids) else 0
 
 
+def _small_unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(ids, return_inverse=True)` of small non-negative ids (string ids), by a table:
+    linear, where a sort of millions of them was most of the eager labels' time and memory."""
+    if not len(ids):
+        return ids[:0], np.zeros(0, np.int32)
+    present = np.flatnonzero(np.bincount(ids))
+    table = np.zeros(int(present[-1]) + 1, np.int32)
+    table[present] = np.arange(len(present), dtype=np.int32)
+    return present, table[ids]
+
+
 def label_timeline(
-    raw: np.ndarray,
+    raw: Events,
     strings: Sequence[str],
     tl: Timeline,
     plans: Sequence[Plan] = (),
@@ -192,7 +204,10 @@ def label_timeline(
     for arr in (ctx.category, ctx.node, ctx.layer, ctx.kernel):
         arr[free_pos[f]] = arr[f]
     pre = _label_preexisting(ctx, preexisting, tensors)
-    return Labels(ctx.category, ctx.node, ctx.layer, ctx.kernel, ctx.names.names, joins, *pre)
+    # (ids in int16 where the names allow: a capture of millions of allocations holds three such arrays)
+    ids_t = np.int16 if len(ctx.names.names) < 2**15 else np.int32
+    return Labels(ctx.category, ctx.node.astype(ids_t), ctx.layer.astype(ids_t), ctx.kernel.astype(ids_t),
+                  ctx.names.names, joins, *pre)
 
 
 def _label_preexisting(ctx: LabelContext, blocks: Sequence[tuple[int, int]],
@@ -219,7 +234,7 @@ def _label_preexisting(ctx: LabelContext, blocks: Sequence[tuple[int, int]],
     for i, (ptr, _) in enumerate(blocks):
         if frees.get(ptr):
             free[i] = frees[ptr].pop(0)
-        t_free = int(tl.t_ns[free[i]]) if free[i] < ctx.n else np.iinfo(np.int64).max
+        t_free = int(tl.t_at(free[i])) if free[i] < ctx.n else np.iinfo(np.int64).max
         for t_ns, category, name in known.get(ptr, []):
             c = CATEGORY_OF_KNOWN.get(category)
             if c is not None and t_ns < t_free:
@@ -240,8 +255,8 @@ def _apply_known(ctx: LabelContext, tensors: Sequence[KnownTensor], alloc_pos: n
     if not mine or not len(alloc_pos):
         return
     ptrs = ctx.raw["ptr"][tl.rows[alloc_pos]].astype(np.uint64)
-    t_alloc = tl.t_ns[alloc_pos]
-    t_free = np.where(tl.free_of[alloc_pos] >= 0, tl.t_ns[np.maximum(tl.free_of[alloc_pos], 0)], np.iinfo(np.int64).max)
+    t_alloc = tl.t_at(alloc_pos)
+    t_free = np.where(tl.free_of[alloc_pos] >= 0, tl.t_at(np.maximum(tl.free_of[alloc_pos], 0)), np.iinfo(np.int64).max)
     k_ptr = np.asarray([t[2] for t in mine], np.uint64)
     k_t = np.asarray([t[0] for t in mine], np.int64)
     # allocations and known tensors in one order (address, time; an allocation before a record at its
@@ -299,7 +314,7 @@ def rows_at(tl: Timeline, labels: Labels, pos: int, by: str) -> list[Attribution
         raise ValueError(f"by must be one of {', '.join(BY)}, got {by!r}")
     total = tl.allocated_at_pos(pos)
     live = tl.live_positions(pos) if pos >= 0 else np.zeros(0, np.int64)
-    sizes = tl.delta[live]
+    sizes = tl.delta_at(live)
     cats = labels.category[live].astype(np.int64)
     keys = cats if by == "category" else labels.label(by)[live].astype(np.int64)
     names = list(CATEGORIES) if by == "category" else labels.names
@@ -344,11 +359,11 @@ def category_series(tl: Timeline, labels: Labels, keep: np.ndarray | None = None
     """Live bytes per category after timeline events `keep` (default: all): shape (len(keep), categories)."""
     idx = np.arange(len(tl.rows)) if keep is None else np.asarray(keep, dtype=np.int64)
     out = np.zeros((len(idx), len(CATEGORIES)), dtype=np.int64)
-    cats = labels.category.astype(np.int64)
+    cats, delta = labels.category.astype(np.int64), tl.delta
     for c in range(len(CATEGORIES)):
         sel = cats == c
         if sel.any():
-            out[:, c] = np.cumsum(np.where(sel, tl.delta, 0))[idx]
+            out[:, c] = np.cumsum(np.where(sel, delta, 0))[idx]
     return np.asarray(out + category_start(tl, labels))
 
 

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from memprof._events import FLAG_CARRIED, Kind
+from memprof._events import FLAG_CARRIED, Events, Kind
 from memprof.analysis.timeline import Timeline
 
 MIN_BLOCK = 512  # kMinBlockSize: every request is rounded up to a multiple
@@ -202,7 +202,7 @@ class CachingAllocatorModel:
         del self._free_at[(block.small, block.ptr)]
 
 
-def model_at(raw: np.ndarray, timeline: Timeline, pos: int, alloc_conf: str = "",
+def model_at(raw: Events, timeline: Timeline, pos: int, alloc_conf: str = "",
              limit: int = REPLAY_EVENTS) -> CachingAllocatorModel | None:
     """The allocator of `timeline`'s device as it was just after timeline position `pos`, replayed
     from the capture's requests with its segments where the capture saw them; None where the capture

@@ -61,7 +61,7 @@ def _label_in_call(ctx: LabelContext, block: CarriedBlock, names: list[str], cal
             expected = wrapper.expected_allocs
             d = block.ordinal
             if d < len(expected) and (expected[d].nbytes is None or block_fits(
-                    expected[d].nbytes, int(ctx.tl.delta[pos]), ctx.tl.device == "cpu")):
+                    expected[d].nbytes, int(ctx.tl.delta_at(pos)), ctx.tl.device == "cpu")):
                 labeller.direct(pos, expected[d].buf, True, freed_in_bw)
                 return
         else:

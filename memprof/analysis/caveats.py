@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from memprof._events import Kind
+from memprof._events import Events, Kind
 from memprof.analysis.window import window_caveats
 from memprof.capture_info import CaptureInfo, budget_problem
 
 
-def capture_caveats(info: CaptureInfo, raw: np.ndarray, problems: list[str], budget: Any) -> list[str]:
+def capture_caveats(info: CaptureInfo, raw: Events, problems: list[str], budget: Any) -> list[str]:
     """The caveats of a capture with these metadata, events, consistency problems
     (`Capture.problems`) and budget."""
     out: list[str] = []

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from memprof._events import Events
 from memprof.analysis.scopes import inside
 from memprof.analysis.timeline import Timeline, mark_windows
 
@@ -15,7 +16,7 @@ GC_START = "python gc: start"
 GC_STOP = "python gc: stop"
 
 
-def gc_freed_positions(raw: np.ndarray, timeline: Timeline, strings: Sequence[str]) -> np.ndarray:
+def gc_freed_positions(raw: Events, timeline: Timeline, strings: Sequence[str]) -> np.ndarray:
     """Timeline positions of the frees Python's cyclic garbage collector made: frees on the thread
     of a collection, between its start and stop marks (tensors held in reference cycles, freed when
     a collection happens to run rather than when their last reference goes)."""
@@ -32,7 +33,7 @@ def freed_bytes(timeline: Timeline, positions: np.ndarray, start_row: int = 0, e
     rows [start_row, end_row)."""
     rows = timeline.rows[positions]
     keep = (rows >= start_row) if end_row is None else (rows >= start_row) & (rows < end_row)
-    return int(-timeline.delta[positions[keep]].sum())
+    return int(-timeline.delta_at(positions[keep]).sum())
 
 
 def garbage_at(timeline: Timeline, pos: int, gc_positions: np.ndarray) -> int:
@@ -43,4 +44,4 @@ def garbage_at(timeline: Timeline, pos: int, gc_positions: np.ndarray) -> int:
         return 0
     live = timeline.live_positions(pos)
     held = np.isin(timeline.free_of[live], gc_positions)
-    return int(timeline.delta[live[held]].sum())
+    return int(timeline.delta_at(live[held]).sum())

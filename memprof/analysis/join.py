@@ -77,7 +77,7 @@ def verify(ctx: LabelContext, graph: CompiledGraph | None, n: CallNesting, alloc
         return f"{len(direct)} wrapper allocations at run time, {len(expected)} in the wrapper code"
     expected = expected[: len(direct)]
     cpu = ctx.tl.device == "cpu"
-    sizes = ctx.tl.delta[alloc_pos[direct]].tolist()
+    sizes = ctx.tl.delta_at(alloc_pos[direct]).tolist()
     for alloc, size in zip(expected, sizes, strict=True):
         if not block_fits(alloc.nbytes, int(size), cpu):
             return f"{alloc.buf}: {size} bytes allocated, {alloc.nbytes} expected"

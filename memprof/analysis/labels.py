@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from memprof._events import Kind
+from memprof._events import Events, Kind
 from memprof.analysis.scopes import ScopeIndex
 from memprof.analysis.timeline import Timeline
 from memprof.plans import CompiledGraph, Plan, layer_of
@@ -101,7 +101,7 @@ class Interner:
 class LabelContext:
     """Shared inputs of the labelling passes, and the label arrays they write."""
 
-    def __init__(self, raw: np.ndarray, strings: Sequence[str], tl: Timeline, plans: Sequence[Plan],
+    def __init__(self, raw: Events, strings: Sequence[str], tl: Timeline, plans: Sequence[Plan],
                  graphs: Sequence[CompiledGraph], main_thread: int | None, scopes: ScopeIndex) -> None:
         self.raw, self.strings, self.tl, self.scopes = raw, strings, tl, scopes
         self.plans = {p.index: p for p in plans}
@@ -115,8 +115,9 @@ class LabelContext:
         self.node = np.zeros(n, dtype=np.int32)
         self.layer = np.zeros(n, dtype=np.int32)
         self.kernel = np.zeros(n, dtype=np.int32)
-        self.thread = raw["thread"][tl.rows].astype(np.int64)
-        self.free_row = np.where(tl.free_of >= 0, tl.rows[np.maximum(tl.free_of, 0)], len(raw)).astype(np.int64)
+        self.thread = raw["thread"][tl.rows]
+        # (the rows' own dtype: int32 below 2**31 events, `index_dtype`)
+        self.free_row = np.where(tl.free_of >= 0, tl.rows[np.maximum(tl.free_of, 0)], len(raw))
         self.oom_rows = np.flatnonzero(raw["kind"] == Kind.OOM)
         # labels of a joined call by everything the join read of it (`join._call_shape`): category,
         # node, layer and kernel of each of its allocations, in order

@@ -66,8 +66,8 @@ class OomReport:
 def _by_age(cap: Capture, device: str, pos: int, step_start: int, allocated: int) -> list[tuple[str, int]]:
     tl = cap.timeline(device)
     live = tl.live_positions(pos) if pos >= 0 else np.zeros(0, np.int64)
-    this_step = int(tl.delta[live[tl.rows[live] >= step_start]].sum())
-    earlier = int(tl.delta[live].sum()) - this_step
+    this_step = int(tl.delta_at(live[tl.rows[live] >= step_start]).sum())
+    earlier = int(tl.delta_at(live).sum()) - this_step
     return [("allocated in this step", this_step), ("allocated in earlier steps", earlier),
             ("allocated before the capture", allocated - this_step - earlier)]
 

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memprof._events import Kind
+from memprof._events import Events, Kind, index_dtype, kind_mask
 
 
 class Pair(NamedTuple):
@@ -79,20 +79,30 @@ def pair(kinds: Sequence[int], scopes: Sequence[int]) -> list[Pair]:
 
 def _level_pairs(is_begin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """Pairs by nesting depth alone: each begin with the next event at its depth (begin index, end
-    index or -1, depth, has an end); None where an end would take the depth below zero."""
+    index or -1, depth, has an end); None where an end would take the depth below zero. (In int32
+    and int8 where they hold the values: a thread of millions of scope events pairs in a few of its
+    event counts' worth of memory.)"""
     n = len(is_begin)
-    after = np.cumsum(np.where(is_begin, 1, -1))
+    idx_t = index_dtype(n)
+    step = is_begin.astype(np.int8)
+    step *= 2
+    step -= 1
+    after = np.cumsum(step, dtype=idx_t)
+    del step
     if n and int(after.min()) < 0:
         return None
     # A begin at depth d and the end that brings the depth back to d are consecutive among the
     # events at level d (no other begin at d can come between them), so pairs are neighbours.
-    level = np.where(is_begin, after - 1, after)
+    level = after - is_begin
+    del after
     order = np.argsort(level.astype(np.int16) if n and int(level.max()) < 2**15 else level, kind="stable")
+    order = order.astype(idx_t, copy=False)
     lv, ib = level[order], is_begin[order]
-    at = np.flatnonzero(ib)
+    del level
+    at = np.flatnonzero(ib).astype(idx_t, copy=False)
     nxt = np.minimum(at + 1, n - 1)
     has_end = (at + 1 < n) & (lv[nxt] == lv[at]) & ~ib[nxt]
-    return order[at], np.where(has_end, order[nxt], -1), lv[at].astype(np.int64), has_end
+    return order[at], np.where(has_end, order[nxt], -1), lv[at], has_end
 
 
 def pair_arrays(kinds: np.ndarray, scopes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -108,8 +118,9 @@ def pair_arrays(kinds: np.ndarray, scopes: np.ndarray) -> tuple[np.ndarray, np.n
     keep = np.ones(len(is_begin), bool)
     removed: list[np.ndarray] = []
     partners: list[np.ndarray] = []
+    idx_t = index_dtype(len(is_begin))
     for _ in range(_REPAIR_PASSES):
-        idx = np.flatnonzero(keep)
+        idx = np.flatnonzero(keep).astype(idx_t, copy=False) if removed else np.arange(len(is_begin), dtype=idx_t)
         found = _level_pairs(is_begin[idx])
         if found is None:
             break
@@ -146,12 +157,12 @@ def _with_unended(is_begin: np.ndarray, idx: np.ndarray, found: tuple[np.ndarray
     b, e, depth, has_end = found
     begin, end = idx[b], np.where(e >= 0, idx[np.maximum(e, 0)], -1)
     if not len(unended):
-        return begin.astype(np.int64), end.astype(np.int64), depth, has_end
+        return begin, end, depth, has_end
     # the kept scopes open at each unended begin, and the innermost of them: the last kept begin
     # before it one level out (kept scopes nest properly)
     level = np.concatenate([[0], np.cumsum(np.where(is_begin[idx], 1, -1))])[np.searchsorted(idx, unended)]
     span = len(scopes) + 1
-    keys = depth * span + begin
+    keys = depth.astype(np.int64) * span + begin
     order = np.argsort(keys)
     j = np.searchsorted(keys[order], (level - 1) * span + unended) - 1
     parent = order[np.maximum(j, 0)]
@@ -189,10 +200,10 @@ class SliceTable:
 class ScopeIndex:
     """The scope events of a capture, per thread (built once per capture, O(scope events))."""
 
-    def __init__(self, raw: np.ndarray) -> None:
+    def __init__(self, raw: Events) -> None:
         self.raw = raw
-        kinds = raw["kind"]
-        rows = np.flatnonzero((kinds == Kind.SCOPE_BEGIN) | (kinds == Kind.SCOPE_END)).astype(np.int64)
+        rows = np.flatnonzero(kind_mask(raw["kind"], (Kind.SCOPE_BEGIN, Kind.SCOPE_END)))
+        rows = rows.astype(index_dtype(len(raw)), copy=False)
         threads = raw["thread"][rows]
         self.threads: list[int] = []  # in order of their first scope event
         self._rows: dict[int, np.ndarray] = {}
@@ -201,7 +212,7 @@ class ScopeIndex:
             uniq, first = np.unique(threads, return_index=True)
             for t in uniq[np.argsort(first)].tolist():
                 self.threads.append(int(t))
-                self._rows[int(t)] = rows[threads == t]
+                self._rows[int(t)] = rows if len(uniq) == 1 else rows[threads == t]
 
     def rows_on(self, thread: int) -> np.ndarray:
         """Rows of the scope events on `thread`, in order."""
@@ -234,7 +245,7 @@ class ScopeIndex:
             raw, rows = self.raw, self.rows_on(thread)
             b, e, depth, closed = pair_arrays(raw["kind"][rows], raw["scope"][rows])
             end_row = np.where(e >= 0, rows[np.maximum(e, 0)], len(raw))
-            self._pairs_of[thread] = (rows[b], end_row, depth, closed, raw["scope"][rows[b]].astype(np.int64))
+            self._pairs_of[thread] = (rows[b], end_row, depth, closed, raw["scope"][rows[b]])
         return self._pairs_of[thread]
 
     def slice_table(self, t_stop_ns: int) -> SliceTable:
@@ -302,7 +313,7 @@ class ScopeIndex:
 def inside(rows: np.ndarray, threads: np.ndarray, intervals: Sequence[tuple[int, int, int, int]]) -> np.ndarray:
     """Index of the interval (`ScopeIndex.outermost`) containing each (row, thread), -1 if none
     (intervals do not overlap per thread)."""
-    out = np.full(len(rows), -1, dtype=np.int64)
+    out = np.full(len(rows), -1, dtype=index_dtype(len(intervals)))
     if not intervals:
         return out
     arr = np.asarray(intervals, dtype=np.int64)
@@ -313,7 +324,7 @@ def inside(rows: np.ndarray, threads: np.ndarray, intervals: Sequence[tuple[int,
         r = rows[mask]
         j = np.searchsorted(begins, r, side="right") - 1
         ok = (j >= 0) & (r < ends[np.maximum(j, 0)])
-        res = np.full(len(r), -1, dtype=np.int64)
+        res = np.full(len(r), -1, dtype=out.dtype)
         res[ok] = sel[j[ok]]
         out[mask] = res
     return out

@@ -182,7 +182,7 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
     tl = cap.timeline(dev)
     live = cap.live_at(dev, None, top)  # the largest; the rest counted from arrays (a peak can hold millions)
     every = tl.live_positions(tl.peak_pos) if tl.peak_pos >= 0 else np.zeros(0, np.int64)
-    peak_t = int(tl.t_ns[tl.peak_pos]) if tl.peak_pos >= 0 else t0
+    peak_t = int(tl.t_at(tl.peak_pos)) if tl.peak_pos >= 0 else t0
     labels = cap.labels(dev)
     live_pos = np.searchsorted(tl.rows, [a.row for a in live])  # rows are sorted
     reasons: dict[str, int] = defaultdict(int)
@@ -191,7 +191,7 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
             reasons[c.reason] += 1
     gc_pos = cap.gc_freed(dev)
     gc_made = ((cap.scope_name(int(raw["scope"][tl.rows[a]])) if a >= 0 else "allocated before the capture",
-                -int(tl.delta[p])) for p, a in zip(gc_pos.tolist(), tl.alloc_of[gc_pos].tolist(), strict=True))
+                -int(tl.delta_at(p))) for p, a in zip(gc_pos.tolist(), tl.alloc_of[gc_pos].tolist(), strict=True))
     return DeviceSummary(
         device=dev,
         gc_freed=GcFreed(len(gc_pos), freed_bytes(tl, gc_pos), _top_scopes(gc_made, top)),
@@ -199,12 +199,12 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
         graph_calls=GraphCalls(len(labels.calls), sum(c.level == "buffer" for c in labels.calls), dict(reasons)),
         peak_bytes=tl.peak, peak_t_s=(peak_t - t0) / 1e9, baseline_bytes=tl.baseline, final_bytes=tl.final,
         reserved_peak_bytes=tl.reserved_peak if tl.has_reserved else None, live_at_peak=len(every),
-        allocated_before_capture_bytes=tl.peak - int(tl.delta[every].sum()), inferred_sizes=tl.inferred,
+        allocated_before_capture_bytes=tl.peak - int(tl.delta_at(every).sum()), inferred_sizes=tl.inferred,
         stack_at_peak=_shown_stack(cap.scope_stack_at_peak(dev)),
         largest=[LiveRow(a.bytes, a.requested, a.scope, CATEGORIES[int(labels.category[p])],
                          labels.names[int(labels.node[p])], (peak_t - a.t_ns) / 1e6, a.ptr)
                  for a, p in zip(live, live_pos.tolist(), strict=True)],
-        scopes=_scopes_of(cap, raw["scope"][tl.rows[every]], tl.delta[every], top),
+        scopes=_scopes_of(cap, raw["scope"][tl.rows[every]], tl.delta_at(every), top),
         steps=step_rows(cap, dev),
     )
 

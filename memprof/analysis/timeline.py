@@ -8,16 +8,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
-from memprof._events import FLAG_CARRIED, FLAG_UNFOLLOWED_THREAD, SEGMENT_KINDS, Kind, kind_mask, parse_device
+from memprof._events import (
+    FLAG_UNFOLLOWED_THREAD,
+    SEGMENT_KINDS,
+    Events,
+    Kind,
+    index_dtype,
+    kind_mask,
+    parse_device,
+)
 from memprof.analysis.units import round_up_array
+from memprof.analysis.window import carried_count
 
 _MEMORY_KINDS = np.array([Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED], dtype=np.uint8)
 
 
-def device_mask(raw: np.ndarray, device: str) -> np.ndarray:
+def device_mask(raw: Events, device: str) -> np.ndarray:
     dtype, dindex = parse_device(device)
     mask = raw["device_type"] == dtype
     if dtype != 0:
@@ -32,18 +42,18 @@ class Timeline:
     `rows` index the capture's event array; `allocated[i]` is the live byte count
     (the baseline included) just after event `rows[i]`. Frees and allocations are
     paired by address: `free_of[i]` is the position of the free of the allocation
-    at position i (-1: still live at the end), `alloc_of` the reverse.
+    at position i (-1: still live at the end), `alloc_of` the reverse. An event's change in
+    live bytes (`delta_at`) and its time (`t_at`) are read from `allocated` and the events'
+    time column: the timeline holds no per-event copy of them.
     """
 
     device: str
     baseline: int
     rows: np.ndarray
-    t_ns: np.ndarray
-    delta: np.ndarray
+    t_col: np.ndarray  # the capture's `t_ns` column (every event's; not a copy)
     allocated: np.ndarray
     is_alloc: np.ndarray
     free_of: np.ndarray
-    alloc_of: np.ndarray
     inferred: int = 0
     has_reserved: bool = False  # segment events were captured (CUDA tracker attached)
     reserved_baseline: int = 0
@@ -52,6 +62,38 @@ class Timeline:
     reserved: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     # what in the events no real capture holds (`consistency`): its figures cannot be vouched for
     problems: tuple[str, ...] = ()
+
+    @cached_property
+    def alloc_of(self) -> np.ndarray:
+        """The position of the allocation each free frees (-1: none captured, and for allocations):
+        `free_of` inverted, made when first asked for."""
+        out = np.full(len(self.free_of), -1, dtype=self.free_of.dtype)
+        freed = np.flatnonzero(self.free_of >= 0)
+        out[self.free_of[freed]] = freed
+        return out
+
+    def delta_at(self, pos: np.ndarray | int) -> np.ndarray:
+        """The change in live bytes at the given positions (an allocation's size, a free's negative;
+        the block size where the CUDA tracker's request was rounded up)."""
+        pos = np.asarray(pos, dtype=np.int64)
+        before = np.where(pos > 0, self.allocated[np.maximum(pos - 1, 0)], self.baseline)
+        out: np.ndarray = self.allocated[pos] - before
+        return out
+
+    def t_at(self, pos: np.ndarray | int | slice) -> np.ndarray:
+        """The time (steady clock, ns) of the events at the given positions."""
+        out: np.ndarray = self.t_col[self.rows[pos]]
+        return out
+
+    @property
+    def delta(self) -> np.ndarray:
+        """`delta_at` of every position (a new array each time: for a few positions, `delta_at`)."""
+        return np.diff(self.allocated, prepend=self.baseline)
+
+    @property
+    def t_ns(self) -> np.ndarray:
+        """`t_at` of every position (a new array each time: for a few positions, `t_at`)."""
+        return self.t_at(slice(None))
 
     @property
     def peak(self) -> int:
@@ -95,10 +137,9 @@ class Timeline:
 
     def live_positions(self, pos: int) -> np.ndarray:
         """Positions of the captured allocations live just after position `pos`."""
-        n = len(self.rows)
-        idx = np.arange(min(pos + 1, n))
-        alive = self.is_alloc[idx] & ((self.free_of[idx] < 0) | (self.free_of[idx] > pos))
-        return idx[alive]
+        k = min(pos + 1, len(self.rows))
+        free_of = self.free_of[:k]
+        return np.flatnonzero(self.is_alloc[:k] & ((free_of < 0) | (free_of > pos)))
 
 
 def _tracker_sizes(kinds: np.ndarray, delta: np.ndarray, free_of: np.ndarray, alloc_of: np.ndarray) -> int:
@@ -124,7 +165,7 @@ def _tracker_sizes(kinds: np.ndarray, delta: np.ndarray, free_of: np.ndarray, al
 
 
 def build_timeline(
-    raw: np.ndarray,
+    raw: Events,
     device: str,
     baseline: int = 0,
     reserved_baseline: int = 0,
@@ -137,26 +178,34 @@ def build_timeline(
     process saw); where they cannot, each is a problem (`consistency`). `every_thread`: every thread's
     allocations and frees were seen (else an address can come back allocated on the one followed)."""
     on_device = device_mask(raw, device)
-    rows = np.flatnonzero(on_device & kind_mask(raw["kind"], _MEMORY_KINDS)).astype(np.int64)
+    idx_t = index_dtype(len(raw))
+    rows = np.flatnonzero(on_device & kind_mask(raw["kind"], _MEMORY_KINDS)).astype(idx_t)
+    seg_rows = np.flatnonzero(on_device & kind_mask(raw["kind"], SEGMENT_KINDS)).astype(np.int64)
+    del on_device
     kinds = raw["kind"][rows]
-    ptrs = raw["ptr"][rows]
-    delta = raw["bytes"][rows].astype(np.int64)
+    delta = raw["bytes"][rows].astype(np.int64, copy=False)
     is_alloc = (kinds == Kind.ALLOC) | (kinds == Kind.CUDA_ALLOC)
 
     # Pair each allocation with the next free of the same address.
     n = len(rows)
-    free_of = np.full(n, -1, dtype=np.int64)
-    alloc_of = np.full(n, -1, dtype=np.int64)
+    free_of = np.full(n, -1, dtype=idx_t)
+    alloc_of = np.full(n, -1, dtype=idx_t)
     twice = 0  # allocations at an address still live (no real capture has one: `consistency`)
     if n > 1:
+        ptrs = raw["ptr"][rows]
         order = np.argsort(ptrs, kind="stable")  # (by address, then in time)
-        same = ptrs[order][1:] == ptrs[order][:-1]
+        ptrs = ptrs[order]
+        same = ptrs[1:] == ptrs[:-1]
+        del ptrs
         sorted_alloc = is_alloc[order]
         twice = int((same & sorted_alloc[:-1] & sorted_alloc[1:]).sum())
         pair = same & sorted_alloc[:-1] & ~sorted_alloc[1:]
+        del same, sorted_alloc
         a_pos, f_pos = order[:-1][pair], order[1:][pair]
+        del order, pair
         free_of[a_pos] = f_pos
         alloc_of[f_pos] = a_pos
+        del a_pos, f_pos
 
     inferred = _tracker_sizes(kinds, delta, free_of, alloc_of)
 
@@ -164,22 +213,20 @@ def build_timeline(
         # CPU bytes count from the capture start: a free of a tensor allocated before it (which
         # PyTorch reports when an earlier capture saw the allocation) must not count below zero.
         delta[~is_alloc & (alloc_of < 0)] = 0
-    allocated = baseline + np.cumsum(delta) if n else np.zeros(0, np.int64)
+    allocated = np.cumsum(delta)
+    del delta
+    allocated += baseline
     problems = consistency(raw, rows, kinds, is_alloc, free_of, alloc_of, allocated,
                            unseen_frees or device != "cpu" or not every_thread, twice if every_thread else 0)
-    seg_rows = np.flatnonzero(on_device & kind_mask(raw["kind"], SEGMENT_KINDS))
-    seg_rows = seg_rows.astype(np.int64)
     reserved = reserved_baseline + np.cumsum(raw["bytes"][seg_rows].astype(np.int64))
     return Timeline(
         device=device,
         baseline=int(baseline),
         rows=rows,
-        t_ns=raw["t_ns"][rows].astype(np.int64),
-        delta=delta,
-        allocated=np.asarray(allocated, dtype=np.int64),
+        t_col=raw["t_ns"],
+        allocated=allocated,
         is_alloc=is_alloc,
         free_of=free_of,
-        alloc_of=alloc_of,
         inferred=inferred,
         has_reserved=has_reserved,
         reserved_baseline=int(reserved_baseline),
@@ -190,7 +237,7 @@ def build_timeline(
     )
 
 
-def consistency(raw: np.ndarray, rows: np.ndarray, kinds: np.ndarray, is_alloc: np.ndarray, free_of: np.ndarray,
+def consistency(raw: Events, rows: np.ndarray, kinds: np.ndarray, is_alloc: np.ndarray, free_of: np.ndarray,
                 alloc_of: np.ndarray, allocated: np.ndarray, unseen_frees: bool, twice: int) -> tuple[str, ...]:
     """What in one device's allocations and frees no real capture holds: an address allocated again
     before it was freed (`twice`, counted where the timeline pairs them), a free of another size than
@@ -213,7 +260,7 @@ def consistency(raw: np.ndarray, rows: np.ndarray, kinds: np.ndarray, is_alloc: 
     return tuple(out)
 
 
-def unfollowed_count(raw: np.ndarray) -> int:
+def unfollowed_count(raw: Events) -> int:
     """Allocator events memprof saw only through the CUDA tracker (threads it does not follow)."""
     return int(((raw["flags"] & FLAG_UNFOLLOWED_THREAD) != 0).sum())
 
@@ -278,14 +325,7 @@ class StepStat:
     peak_pos: int = -1  # timeline position of the peak (`window_peak`)
 
 
-def carried_count(raw: np.ndarray) -> int:
-    """Events carried into a step window or a ring of the last steps (FLAG_CARRIED: the blocks live
-    where the stored steps begin); they lead the capture."""
-    carried = (raw["flags"] & FLAG_CARRIED) != 0
-    return int(np.argmin(carried)) if len(raw) and not carried.all() else int(carried.sum())
-
-
-def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: int,
+def step_stats(raw: Events, timeline: Timeline, t_start_ns: int, t_stop_ns: int,
                tail: bool = True) -> list[StepStat]:
     """Per-step peaks: step k spans from marker k-1 (or the capture start) to marker k.
 
@@ -330,7 +370,7 @@ def step_stats(raw: np.ndarray, timeline: Timeline, t_start_ns: int, t_stop_ns: 
 
 # Marks (Kind.MARK) the capture writes at the start and end of every collection of Python's cyclic
 # garbage collector (gc.callbacks)
-def mark_windows(raw: np.ndarray, strings: Sequence[str], start: str, stop: str) -> list[tuple[int, int, int, int]]:
+def mark_windows(raw: Events, strings: Sequence[str], start: str, stop: str) -> list[tuple[int, int, int, int]]:
     """(thread, start row, stop row, start mark's string id) of each pair of `start` and `stop`
     marks (Kind.MARK) on one thread, in the interval form of `scopes.inside`; sorted by thread, then row."""
     start_ids = [i for i, s in enumerate(strings) if s == start]
@@ -352,19 +392,3 @@ def mark_windows(raw: np.ndarray, strings: Sequence[str], start: str, stop: str)
     return [(t, b, e, start_ids[0]) for t, b, e in zip(threads[pair].tolist(), marks[pair].tolist(),
                                                          marks[pair + 1].tolist(), strict=True)]
 
-
-def downsample(values: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices to keep: all if few, else each bucket's start, its first minimum and first maximum,
-    and both ends (vectorized: a long capture's timeline has millions of points)."""
-    n = len(values)
-    if n <= max_points:
-        return np.arange(n)
-    buckets = max(1, max_points // 2 - 1)
-    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
-    starts = edges[:-1][edges[1:] > edges[:-1]]
-    bucket = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
-    keep = [np.asarray([0, n - 1], dtype=np.int64), starts]
-    for extreme in (np.maximum.reduceat(values, starts), np.minimum.reduceat(values, starts)):
-        hits = np.flatnonzero(values == extreme[bucket])
-        keep.append(hits[np.unique(bucket[hits], return_index=True)[1]])  # the first in each bucket
-    return np.unique(np.concatenate(keep))

@@ -14,13 +14,30 @@ from typing import Any
 
 import numpy as np
 
-from memprof._events import Kind
+from memprof._events import Events, Kind
 from memprof.analysis.attribution import CATEGORIES, category_series
 from memprof.analysis.labels import BEFORE_CAPTURE, Labels
-from memprof.analysis.timeline import Timeline, downsample
+from memprof.analysis.timeline import Timeline
 
 MAX_POINTS = 4000  # points of a device's series (each bucket's min and max: the shape and the peak survive)
 MAX_ITEMS = 20000  # allocations a device's table can list (those live at the peak, then the largest)
+
+
+def downsample(values: np.ndarray, max_points: int) -> np.ndarray:
+    """Indices to keep: all if few, else each bucket's start, its first minimum and first maximum,
+    and both ends (vectorized: a long capture's timeline has millions of points)."""
+    n = len(values)
+    if n <= max_points:
+        return np.arange(n)
+    buckets = max(1, max_points // 2 - 1)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
+    starts = edges[:-1][edges[1:] > edges[:-1]]
+    bucket = np.repeat(np.arange(len(starts)), np.diff(np.append(starts, n)))
+    keep = [np.asarray([0, n - 1], dtype=np.int64), starts]
+    for extreme in (np.maximum.reduceat(values, starts), np.minimum.reduceat(values, starts)):
+        hits = np.flatnonzero(values == extreme[bucket])
+        keep.append(hits[np.unique(bucket[hits], return_index=True)[1]])  # the first in each bucket
+    return np.unique(np.concatenate(keep))
 
 
 def _items(tl: Timeline, max_items: int) -> np.ndarray:
@@ -30,11 +47,11 @@ def _items(tl: Timeline, max_items: int) -> np.ndarray:
     rest = np.setdiff1d(allocs, at_peak, assume_unique=False)
     room = max(0, max_items - len(at_peak))
     if len(rest) > room:
-        rest = rest[np.argsort(-tl.delta[rest], kind="stable")[:room]]
+        rest = rest[np.argsort(-tl.delta_at(rest), kind="stable")[:room]]
     return np.sort(np.concatenate([at_peak, rest]).astype(np.int64))
 
 
-def device_view(tl: Timeline, labels: Labels, raw: np.ndarray, t0: int, steps: list[dict[str, Any]],
+def device_view(tl: Timeline, labels: Labels, raw: Events, t0: int, steps: list[dict[str, Any]],
                 max_points: int = MAX_POINTS, max_items: int = MAX_ITEMS) -> dict[str, Any]:
     """One device's part of the page (positions are timeline positions; times in seconds from `t0`)."""
     keep = downsample(tl.allocated, max_points) if len(tl.rows) else np.zeros(0, np.int64)
@@ -64,7 +81,7 @@ def device_view(tl: Timeline, labels: Labels, raw: np.ndarray, t0: int, steps: l
                    "by_category": series[:, present].T.tolist()},
         "strings": [names[i] or "" for i in used],
         "items": {"alloc": items.tolist(), "free": np.where(free >= 0, free, n).tolist(),
-                  "t": secs[items].tolist(), "bytes": tl.delta[items].tolist(),
+                  "t": secs[items].tolist(), "bytes": tl.delta_at(items).tolist(),
                   "category": labels.category[items].astype(int).tolist(),
                   "node": [remap[int(i)] for i in labels.node[items]],
                   "layer": [remap[int(i)] for i in labels.layer[items]],
@@ -81,10 +98,10 @@ def layer_category(tl: Timeline, labels: Labels, pos: int) -> dict[str, dict[str
     total = tl.allocated_at_pos(pos)
     live = tl.live_positions(pos) if pos >= 0 else np.zeros(0, np.int64)
     for layer, cat, size in zip(labels.layer[live].tolist(), labels.category[live].tolist(),
-                                tl.delta[live].tolist(), strict=True):
+                                tl.delta_at(live).tolist(), strict=True):
         row = out.setdefault(labels.names[layer] or "(unknown)", {})  # (as `rows_at` names it)
         row[CATEGORIES[cat]] = row.get(CATEGORIES[cat], 0) + int(size)
-    rest = total - int(tl.delta[live].sum())
+    rest = total - int(tl.delta_at(live).sum())
     if rest:
         out.setdefault(BEFORE_CAPTURE, {})["unattributed"] = rest
     return out

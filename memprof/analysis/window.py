@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from memprof._events import FLAG_CARRIED, Kind, kind_mask
+from memprof._events import FLAG_CARRIED, Events, Kind, kind_mask
 from memprof.analysis.units import fmt_bytes
 from memprof.capture_info import CaptureInfo
 
@@ -19,7 +19,14 @@ def never_opened(info: CaptureInfo) -> str | None:
             "optimizer step, or at memprof.step()); the capture holds its compile plans and no events")
 
 
-def window_caveats(info: CaptureInfo, raw: np.ndarray) -> list[str]:
+def carried_count(raw: Events) -> int:
+    """Events carried into a step window or a ring of the last steps (FLAG_CARRIED: the blocks live
+    where the stored steps begin); they lead the capture."""
+    carried = (raw["flags"] & FLAG_CARRIED) != 0
+    return int(np.argmin(carried)) if len(raw) and not carried.all() else int(carried.sum())
+
+
+def window_caveats(info: CaptureInfo, raw: Events) -> list[str]:
     """One line each: which steps are stored, and what was carried into them."""
     empty = never_opened(info)
     if empty is not None:

@@ -20,8 +20,8 @@ import numpy as np
 from memprof._events import Kind, device_name
 from memprof.analysis.attribution import CATEGORIES, Category, category_series, category_start
 from memprof.analysis.scopes import SliceTable
-from memprof.analysis.timeline import downsample
 from memprof.analysis.units import fmt_bytes
+from memprof.analysis.view import downsample
 from memprof.capture import Capture
 from memprof.plans import CompiledGraph
 
@@ -239,13 +239,13 @@ def counter_blocks(cap: Capture, dev: str, pid: int, win: Window, shift_us: floa
     t_open = _at(win.lo_ns, win, shift_us)
     keep, before = _window_points(tl.rows, tl.allocated, win, max_points)
     blocks = [_counter_block(pid, "allocated", ["bytes"], t_open, tl.allocated_at_pos(before),
-                             _us(tl.t_ns[keep], win.t0_ns, shift_us), tl.allocated[keep][:, None])]
+                             _us(tl.t_at(keep), win.t0_ns, shift_us), tl.allocated[keep][:, None])]
     labels = cap.labels(dev)
     series = category_series(tl, labels, keep)
     opening = category_series(tl, labels, np.asarray([before]))[0] if before >= 0 else category_start(tl, labels)
     present = [c for c in range(len(CATEGORIES)) if series[:, c].any() or opening[c] or c == Category.UNATTRIBUTED]
     blocks.append(_counter_block(pid, "by category", [CATEGORIES[c] for c in present], t_open, opening[present],
-                                 _us(tl.t_ns[keep], win.t0_ns, shift_us), series[:, present]))
+                                 _us(tl.t_at(keep), win.t0_ns, shift_us), series[:, present]))
     if tl.has_reserved:
         rkeep, rbefore = _window_points(tl.reserved_rows, tl.reserved, win, max_points)
         ropen = tl.reserved_baseline if rbefore < 0 else int(tl.reserved[rbefore])
@@ -283,7 +283,7 @@ def mark_block(cap: Capture, dev: str, pid: int, win: Window, shift_us: float) -
         stack = cap.scope_stack_at_peak(dev) if pos == tl.peak_pos else [
             cap.scope_name(s) for s in cap.scopes.stack_at(row, cap.info.main_thread)]
         objs.append({"ph": "i", "s": "p", "pid": pid, "tid": 0, "name": f"{what} {fmt_bytes(value)}{bound}",
-                     "cat": "peak", "ts": _at(int(tl.t_ns[pos]), win, shift_us),
+                     "cat": "peak", "ts": _at(int(tl.t_at(pos)), win, shift_us),
                      "args": {"bytes": value, "scope": cap.scope_name(int(raw["scope"][row])),
                               "stack": " > ".join(stack)}})
     for r in np.flatnonzero(raw["kind"] == Kind.STEP).tolist():

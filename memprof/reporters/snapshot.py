@@ -14,6 +14,8 @@ import pickle
 from dataclasses import dataclass
 from typing import IO, Any
 
+import numpy as np
+
 from memprof._events import parse_device
 from memprof.analysis.labels import CATEGORIES
 from memprof.capture import Capture
@@ -45,9 +47,10 @@ def to_snapshot(cap: Capture, device: str | None = None) -> dict[str, Any]:
     frames_of: dict[tuple[int, int, int, int], list[dict[str, Any]]] = {}
     live: dict[int, tuple[int, list[dict[str, Any]]]] = {}
     cats = [("unknown" if c == "unattributed" else c) for c in CATEGORIES]
+    sizes, times_us = np.abs(tl.delta).tolist(), (tl.t_ns // 1000).tolist()
     for i in range(len(tl.rows)):
         r = int(tl.rows[i])
-        addr, size = int(raw["ptr"][r]), abs(int(tl.delta[i]))
+        addr, size = int(raw["ptr"][r]), sizes[i]
         key = (int(labels.node[i]), int(labels.layer[i]), int(labels.kernel[i]), int(raw["scope"][r]))
         frames = frames_of.get(key)
         if frames is None:
@@ -55,7 +58,7 @@ def to_snapshot(cap: Capture, device: str | None = None) -> dict[str, Any]:
             frames = [{"filename": layer or "memprof", "line": 0, "name": f"{node} [{kernel}]" if kernel else node,
                        "fx_node_name": node, "fx_node_op": kernel, "fx_original_trace": cap.scope_name(key[3])}]
             frames_of[key] = frames
-        common = {"addr": addr, "size": size, "stream": int(raw["stream"][r]), "time_us": int(tl.t_ns[i]) // 1000,
+        common = {"addr": addr, "size": size, "stream": int(raw["stream"][r]), "time_us": times_us[i],
                   "frames": frames, "compile_context": "", "user_metadata": ""}
         if tl.is_alloc[i]:
             entries.append({"action": "alloc", **common, "category": cats[int(labels.category[i])]})

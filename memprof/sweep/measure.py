@@ -324,7 +324,7 @@ def block_slack(cap: Capture, tl: Timeline, start_row: int, pos: int) -> int:
     rows = tl.rows[live]
     raw = cap.raw
     sel = (rows >= start_row) & (raw["kind"][rows] == Kind.ALLOC) & (raw["aux"][rows] > 0)
-    blocks = tl.delta[live][sel].astype(np.int64)
+    blocks = tl.delta_at(live)[sel].astype(np.int64)
     return int(np.clip(blocks - round_up_array(raw["aux"][rows][sel].astype(np.int64)), 0, None).sum())
 
 

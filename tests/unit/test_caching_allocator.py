@@ -89,7 +89,7 @@ def test_replaying_a_cuda_capture_gives_every_block_and_segment_it_recorded() ->
     segments = raw["bytes"][(raw["kind"] == Kind.SEGMENT_ALLOC) & (raw["device_type"] == 1)]
     assert model.reserved == int(segments.sum())
     # a wrong block size recorded anywhere: the replay refuses rather than guess
-    bad = raw.copy()
+    bad = raw.records()
     first = int(np.flatnonzero((bad["kind"] == Kind.ALLOC) & (bad["device_type"] == 1))[-1])
     bad["bytes"][first] += 512
     assert model_at(bad, tl, len(tl.rows) - 1) is None

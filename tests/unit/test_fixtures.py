@@ -107,11 +107,11 @@ def test_a_call_cut_short_is_still_joined_buffer_by_buffer(how: str) -> None:
     inside = [int(r) for r, a in zip(tl.rows, tl.is_alloc, strict=True) if a and call.begin_row < r < call.end_row]
     assert len(inside) >= 2
     cut = inside[len(inside) // 2] + 1  # just after an allocation inside the call
-    raw = cap.raw[:cut].copy()
+    raw = cap.raw.records(0, cut)
     if how == "oom":
         oom = raw[-1:].copy()
         oom["kind"], oom["bytes"], oom["aux"] = Kind.OOM, 1 << 40, 0
-        raw = np.concatenate([raw, oom, cap.raw[call.end_row : call.end_row + 1]])  # then the call's end
+        raw = np.concatenate([raw, oom, cap.raw.records(call.end_row, call.end_row + 1)])  # then the call's end
     short = memprof.Capture(raw=raw, strings=cap.strings, meta=dict(cap.meta, status="oom"),
                             threads=cap.threads, plans=cap.plans, graphs=cap.graphs, tensors=cap.tensors)
     joined = [c for c in short.labels(dev).calls if c.begin_row == call.begin_row]

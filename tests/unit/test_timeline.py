@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from memprof._events import EVENT_DTYPE, FLAG_UNFOLLOWED_THREAD, Kind, device_name, parse_device
 from memprof.analysis.scopes import ScopeIndex, pair, pair_arrays
-from memprof.analysis.timeline import build_timeline, downsample, step_stats
+from memprof.analysis.timeline import build_timeline, step_stats
+from memprof.analysis.view import downsample
 
 
 def events(*rows: tuple[int, int, int, int] | tuple[int, int, int, int, int]) -> np.ndarray:
