@@ -249,7 +249,11 @@ def test_fsdp2_ranks_hold_and_name_their_shards(tmp_path: Path) -> None:
             assert sum(at_peak.values()) == s.peak
             if s.step > 1:  # after the compiling step, each step peaks in its backward, mid all-gather
                 assert at_peak["unsharded_parameter"] in (layer, 2 * layer), at_peak
-                assert at_peak["all_gather"] > 0 and at_peak["reduce_scatter"] > 0, at_peak
+                assert at_peak["all_gather"] > 0, at_peak
+                # whether the previous layer's reduce-scatter buffers are still held at this peak depends
+                # on when gloo's worker threads drop them (CI on a loaded 2-core machine saw none): whole
+                # layers if any; that every layer's are made is checked over the capture below
+                assert at_peak.get("reduce_scatter", 0) % layer == 0, at_peak
             at_end = _categories_at(cap, s.end_row)
             assert not at_end.get("unsharded_parameter") and not at_end.get("unsharded_gradient"), (s.step, at_end)
             # FSDP2 has let go of every collective buffer by the step's end, but gloo's work objects hold
@@ -270,6 +274,9 @@ def test_fsdp2_ranks_hold_and_name_their_shards(tmp_path: Path) -> None:
         labels, tl = cap.labels("cpu"), cap.timeline("cpu")
         made = tl.delta[(labels.category == Category.UNSHARDED_GRADIENT) & tl.is_alloc].tolist()
         assert sorted(set(made)) == [128 * 4, 128 * 128 * 4] and len(made) == 4 * 3 * 2, made
+        # each layer's gradients reduce-scattered in every step: two one-layer buffers per layer and step
+        scattered = tl.delta[(labels.category == Category.REDUCE_SCATTER) & tl.is_alloc].tolist()
+        assert scattered == [layer] * (4 * 3 * 2), scattered
 
 
 SWEEP_DDP = DDP.replace("torch.randn(32 * (rank + 1), 64)", "torch.randn(512 * (rank + 1), 64)")
