@@ -60,7 +60,7 @@ class Recorder:
         self.plan_recorder: Any = None
         self.max_events = max_events
         self.scopes = scopes
-        self.kernels = kernels and scopes != "none"
+        self.kernels = kernels and scopes == "ops"
         self.thread_ident = threading.get_ident()
         self.native_tid = threading.get_native_id()
         self.pid = os.getpid()
@@ -128,10 +128,13 @@ class Recorder:
             self.meta["cuda_tracker"] = "not built (CPU-only build of memprof)"
             self._note("memprof was built without CUDA: reserved bytes, requested sizes and streams are missing")
         p = self._patches
-        if self.scopes == "graphs":
-            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p))
-        elif self.kernels and self.scopes == "ops":
+        if self.kernels:  # Inductor's own scopes: every compiled-graph call and every kernel launch
             runtime.kernel_scopes(p)
+        elif self.scopes != "none":
+            # memprof's scope around each compiled-graph call, no scope per kernel launch: the join
+            # finds each buffer's kernel in the wrapper code, and a scope per launch (Python, on the
+            # launch path) was most of what the default capture cost a host-bound step
+            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p, op_scope=self.scopes == "ops"))
         # Compile plans: partitioner decisions, wrapper code and buffer origins of every
         # graph compiled during the capture, and which tensors are parameters and state.
         if self.record_plans:

@@ -207,7 +207,7 @@ class TraceOptions:
     remat: str = "off"
     max_events: int | None = None
     scopes: str = "ops"
-    kernels: bool = True
+    kernels: bool = False
     knapsack_evaluator: bool = False  # the sweep's measurements also run KnapsackEvaluator
     force: bool = False  # --force: replace the outputs, and the spill a killed run left beside them
     keep: Keep = field(default_factory=Keep)  # --steps, --keep-last, --exit-after

@@ -55,7 +55,7 @@ def _save(cap: Capture, path: Path, rec: Recorder, overwrite: bool) -> None:
 
 
 @contextlib.contextmanager
-def session(*, max_events: int | None = None, scopes: str = "ops", kernels: bool = True, plans: bool = True,
+def session(*, max_events: int | None = None, scopes: str = "ops", kernels: bool = False, plans: bool = True,
             meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
             knapsack_evaluator: bool = False, replace_spill: bool = False, keep: Keep | None = None,
             overwrite: bool = False, on_fatal: Callable[[Capture, int], None] | None = None,
@@ -149,17 +149,18 @@ def _finish(rec: Recorder, ended: BaseException | None, out: Path | None, overwr
 
 
 @contextlib.contextmanager
-def capture(*, max_events: int | None = None, scopes: str = "ops", kernels: bool = True, plans: bool = True,
+def capture(*, max_events: int | None = None, scopes: str = "ops", kernels: bool = False, plans: bool = True,
             meta: dict[str, Any] | None = None, output: str | os.PathLike[str] | None = None,
             steps: tuple[int, int] | None = None, keep_last: int | None = None,
             overwrite: bool = False) -> Iterator[Capture]:
     """Capture every allocation and free (CPU on every thread; CUDA on this thread and its autograd
     threads, and through the allocator tracker on others).
 
-    `scopes` picks the RecordFunction scopes recorded: "ops" (every aten op, autograd node and,
-    with `kernels`, each Triton kernel launch), "graphs" (compiled-graph calls and user
-    record_function regions; lowest overhead with scopes) or "none". `kernels` makes Inductor
-    open a scope for each compiled graph call and kernel launch. `plans` records what
+    `scopes` picks the RecordFunction scopes recorded: "ops" (every aten op, autograd node and
+    compiled-graph call), "graphs" (compiled-graph calls and user record_function regions) or
+    "none". `kernels` (with "ops") makes Inductor open a scope for each kernel launch too: a
+    Chrome trace then shows every launch, at a host-bound step's cost; without it, each buffer of
+    a compiled graph still names the kernel that writes it (from the wrapper code). `plans` records what
     torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
     AOTAutograd's and Inductor's FX graph caches hold memprof's own entries meanwhile) for
     `Capture.attribution`. `max_events` bounds the events stored (the rest are counted as dropped and

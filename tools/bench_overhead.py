@@ -4,7 +4,9 @@ Variants run in rotating rounds (blocks of --block steps each, the order rotatin
 round) so drift hits them alike; each step is timed wall-clock with a CUDA sync at its end.
 Prints a table last: median and p10 step time, ratio to plain, the paired ratio to memprof's
 in-RAM capture (each round's block median over memprof's in the same round, the median over
-rounds), capture bytes per event, and `memprof report` time on a capture of that run.
+rounds), capture bytes per event, and `memprof report` time on a capture of that run. With
+`--coverage`, then: each of the paper Llama and BERT compiled inside a default capture (and one
+with `--kernel-scopes`), and how many of their compiled-graph calls were joined buffer by buffer.
 
     python tools/bench_overhead.py --batch 2 --batch 16 --rounds 6 --block 10
     python tools/bench_overhead.py --batch 2 --rounds 16 --block 10 \
@@ -64,8 +66,9 @@ def memprof_ring() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def memprof_ops() -> Iterator[None]:
-    with memprof.capture(kernels=False):
+def memprof_kernel_scopes() -> Iterator[None]:
+    """Inductor's scope per kernel launch as well (the profiler flag): the default before 2026-12-04."""
+    with memprof.capture(kernels=True):
         yield
 
 
@@ -101,7 +104,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "memprof": memprof_kernels,
     "memprof + spill (trace)": memprof_spill,
     "memprof + ring (--keep-last 2)": memprof_ring,
-    "memprof --no-kernel-scopes": memprof_ops,
+    "memprof --kernel-scopes": memprof_kernel_scopes,
     "memprof --scopes graphs": memprof_graphs,
     "memprof --scopes none": memprof_allocs,
     "_record_memory_history(python)": memory_history,
@@ -182,12 +185,36 @@ def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[st
     return rows
 
 
+def coverage(model: str, batch: int, kernels: bool) -> dict[str, object]:
+    """The paper `model` compiled and run 3 steps inside a capture: its compiled-graph calls, and how
+    many were joined buffer by buffer (the rest at kernel level, with their reasons)."""
+    import torch._functorch.config as fc
+
+    ex = load_example(model)
+    torch._dynamo.reset()
+    with fc.patch(activation_memory_budget=0.13), memprof.capture(kernels=kernels) as cap:
+        model_, ids = ex.build(type(ex.PAPER)(**{**ex.PAPER.__dict__, "batch": batch}), "cuda")
+        fn = torch.compile(model_)
+        opt = torch.optim.AdamW(model_.parameters(), lr=1e-4)
+        for _ in range(3):
+            fn(input_ids=ids).last_hidden_state.sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+    calls = cap.labels("cuda:0").calls
+    reasons = sorted({c.reason for c in calls if c.level != "buffer"})
+    return {"model": model, "kernels": kernels, "calls": len(calls),
+            "buffer": sum(c.level == "buffer" for c in calls), "reasons": reasons}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, action="append")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--block", type=int, default=10)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--coverage", action="store_true",
+                    help="then check join coverage on the paper Llama and BERT (default and --kernel-scopes)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated variants to run (plain and memprof always run)")
     args = ap.parse_args()
@@ -202,6 +229,16 @@ def main() -> None:
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
         print_table(rows)
+    if args.coverage:
+        joined = [coverage(m, b, k) for m in ("llama", "bert") for b in (args.batch or [2])[:1] for k in (False, True)]
+        if args.json:
+            args.json.write_text(json.dumps({"steps": rows, "coverage": joined}, indent=1))
+        print_table(rows)
+        print("\njoin coverage (compiled inside the capture, 3 steps, budget 0.13)")
+        for c in joined:
+            scopes = "--kernel-scopes" if c["kernels"] else "default"
+            print(f"  {c['model']:<6} {scopes:<16} {c['buffer']}/{c['calls']} calls joined buffer by buffer"
+                  + (f"; others: {'; '.join(c['reasons'])}" if c["reasons"] else ""), flush=True)
 
 
 def print_table(rows: list[dict[str, object]]) -> None:

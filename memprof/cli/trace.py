@@ -30,9 +30,10 @@ from memprof.cli.options import Budget, ScriptCommand, StepWindow
               help="Bound on recorded events (extra events are counted as dropped) [default: none; the "
                    "events stream to the output's spill].")
 @click.option("--scopes", type=click.Choice(["ops", "graphs", "none"]), default="ops", show_default=True,
-              help="Scopes recorded: every op and kernel, compiled-graph calls only (lower overhead), or none.")
-@click.option("--no-kernel-scopes", is_flag=True,
-              help="Do not ask Inductor for per-kernel scopes (lower overhead; graph scopes also off).")
+              help="Scopes recorded: every op and compiled-graph call, compiled-graph calls only, or none.")
+@click.option("--kernel-scopes/--no-kernel-scopes", default=False, show_default=True,
+              help="Also record a scope per compiled kernel launch (Inductor's own; for a trace of every "
+                   "launch, at a host-bound step's cost). Buffers name their kernel either way.")
 @click.option("--steps", "window", type=StepWindow(), default=None,
               help="Store only steps A to B (a step ends at each optimizer step or memprof.step(); the first, "
                    "compiling step is step 1).")
@@ -43,7 +44,7 @@ from memprof.cli.options import Budget, ScriptCommand, StepWindow
 @click.pass_context
 def trace(ctx: click.Context, script: str, script_args: tuple[str, ...], budget: float | int | None, remat: str,
           output: str | None, chrome: str | None, html: str | None, force: bool, max_events: int | None, scopes: str,
-          no_kernel_scopes: bool, window: tuple[int, int] | None, keep_last: int | None, exit_after: bool) -> object:
+          kernel_scopes: bool, window: tuple[int, int] | None, keep_last: int | None, exit_after: bool) -> object:
     """Run SCRIPT as `python SCRIPT ARGS` would, capturing every allocation; exits as the script does.
 
     \b
@@ -91,5 +92,5 @@ def trace(ctx: click.Context, script: str, script_args: tuple[str, ...], budget:
 
         config = plan(script, list(script_args), budget, None if remat == "off" else remat)
         budget, remat = config.budget, config.remat or "off"
-    opts = TraceOptions(budget, remat, max_events, scopes, not no_kernel_scopes, force=force, keep=keep, taken=taken)
+    opts = TraceOptions(budget, remat, max_events, scopes, kernel_scopes, force=force, keep=keep, taken=taken)
     return traced(script, list(script_args), out, exports, opts, launch, exiting=ctx.obj is True).ending

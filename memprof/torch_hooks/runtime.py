@@ -23,21 +23,23 @@ def kernel_scopes(patches: Patches) -> None:
     patches.set("torch.autograd.profiler", "_is_profiler_enabled", True)
 
 
-def graph_call_scopes(patches: Patches) -> None:
-    """Open a user scope named as Inductor's own (`## Call CompiledFxGraph <key> ##`) around each
-    compiled-graph call: what `--scopes graphs` records. Inductor opens its scope only while the
-    profiler flag is set, and as an op scope (RecordScope::FUNCTION), which that mode leaves off
-    (every aten op would run memprof's callback); the flag would also make it open one per kernel
-    launch, which that mode does not record. Needs Inductor loaded (`on_first_compile`)."""
+def graph_call_scopes(patches: Patches, op_scope: bool) -> None:
+    """Open a scope named as Inductor's own (`## Call CompiledFxGraph <key> ##`) around each
+    compiled-graph call, without the profiler flag, which would also make Inductor open one per
+    kernel launch. `op_scope`: as Inductor opens it (RecordScope::FUNCTION, straight from C++), for
+    captures that record op scopes; else a user scope (`--scopes graphs`, which leaves op scopes
+    off: every aten op would run memprof's callback). A user scope's end is an op that a dispatch
+    mode sees: AOTAutograd's first call of a graph runs under one, and with op scopes recorded that
+    call's end went missing. Needs Inductor loaded (`on_first_compile`)."""
     import torch
     from torch._inductor.output_code import CompiledFxGraph
 
     original = CompiledFxGraph.__dict__["__call__"]
-    record_function = torch.autograd.profiler.record_function
+    scope: Any = torch._C._profiler._RecordFunctionFast if op_scope else torch.autograd.profiler.record_function
 
     @functools.wraps(original)
     def call(self: Any, inputs: Any) -> Any:
-        with record_function(f"## Call CompiledFxGraph {self._fx_graph_cache_key} ##"):
+        with scope(f"## Call CompiledFxGraph {self._fx_graph_cache_key} ##"):
             return original(self, inputs)
 
     patches.set("torch._inductor.output_code", "CompiledFxGraph.__call__", call)

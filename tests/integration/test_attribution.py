@@ -269,25 +269,38 @@ def test_dropout_recomputed_below_budget_one_is_flagged(tmp_path: Path) -> None:
 
 
 
-def test_scopes_graphs_records_every_compiled_graph_call_and_joins_it() -> None:
-    """`scopes="graphs"` (compiled-graph calls only, no op or kernel scopes): Inductor opens its
-    call scope only as an op scope, under the profiler flag, so memprof opens a user scope of the
-    same name; every call is joined buffer by buffer and the categories equal the full capture's."""
+def test_every_scope_mode_joins_every_compiled_graph_call_alike() -> None:
+    """Inductor opens its call scope only under the profiler flag, which also makes it open one per
+    kernel launch; memprof opens one of the same name itself, in `scopes="graphs"` (a user scope, no
+    op scope) and in the default (op scopes, no kernel scope). Every call is joined buffer by buffer
+    in each mode, the first call included (AOTAutograd runs it under a dispatch mode), and the
+    categories, FX nodes and kernels equal those of the capture with Inductor's kernel scopes
+    (`kernels=True`): the wrapper code names each buffer's kernel, no scope per launch is needed."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
     x = torch.randn(32, 64)
-    cats: dict[str, dict[str, int]] = {}
-    for scopes in ("graphs", "ops"):
+    rows: dict[tuple[str, bool], dict[str, dict[str, int]]] = {}
+    for scopes, kernels in (("graphs", False), ("ops", False), ("ops", True)):
         torch._dynamo.reset()
         step = torch.compile(model)
-        with memprof.capture(scopes=scopes) as cap:
+        with memprof.capture(scopes=scopes, kernels=kernels) as cap:
             for _ in range(2):
                 step(x).sum().backward()
                 model.zero_grad(set_to_none=True)
         calls = cap.labels("cpu").calls
-        assert len(calls) == 4 and all(c.level == "buffer" for c in calls), [c.reason for c in calls]
-        cats[scopes] = {r.key: r.bytes for r in cap.attribution(by="category", device="cpu")}
+        assert len(calls) == 4 and all(c.level == "buffer" for c in calls), (scopes, [c.reason for c in calls])
+        rows[scopes, kernels] = {by: {r.key: r.bytes for r in cap.attribution(by=by, device="cpu")}
+                                 for by in ("category", "node", "kernel")}
         names = {cap.scope_name(int(s)) for s in np.unique(cap.raw["scope"][cap.raw["kind"] == 2])}
-        if scopes == "graphs":  # no op scope, no kernel scope
-            assert not any(n.startswith(("aten::", "triton_", "cpp_fused")) for n in names), names
-    assert cats["graphs"] == cats["ops"] and "saved_activation" in cats["ops"]
+        assert any(n.startswith("## Call CompiledFxGraph") for n in names), names
+        assert any(n.startswith("aten::") for n in names) == (scopes == "ops"), names
+        if not kernels:  # (with them, Inductor's CPU wrapper opens no scope per C++ kernel either)
+            assert not any(n.startswith(("cpp_fused", "triton_")) for n in names), names
+    assert rows["ops", False] == rows["ops", True]
+    # without op scopes, eager allocations are named "(no scope)"; the compiled graphs' are the same
+    graphs, ops = rows["graphs", False], rows["ops", False]
+    assert graphs["category"] == ops["category"]
+    compiled = {k: v for k, v in ops["node"].items() if k.startswith(("fw", "bw"))}
+    assert compiled and {k: v for k, v in graphs["node"].items() if k.startswith(("fw", "bw"))} == compiled
+    assert "saved_activation" in rows["ops", False]["category"]
+    assert any(k.startswith("cpp_fused") for k in rows["ops", False]["kernel"]), rows["ops", False]["kernel"]
