@@ -45,7 +45,7 @@ def plain() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def memprof_kernels() -> Iterator[None]:
+def memprof_default() -> Iterator[None]:
     with memprof.capture() as cap:
         yield
     LAST_CAPTURE[:] = [cap]
@@ -101,7 +101,7 @@ def torch_profiler() -> Iterator[None]:
 
 VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "plain": plain,
-    "memprof": memprof_kernels,
+    "memprof": memprof_default,
     "memprof + spill (trace)": memprof_spill,
     "memprof + ring (--keep-last 2)": memprof_ring,
     "memprof --kernel-scopes": memprof_kernel_scopes,
@@ -230,7 +230,8 @@ def main() -> None:
             args.json.write_text(json.dumps(rows, indent=1))
         print_table(rows)
     if args.coverage:
-        joined = [coverage(m, b, k) for m in ("llama", "bert") for b in (args.batch or [2])[:1] for k in (False, True)]
+        batch = (args.batch or [2])[0]
+        joined = [coverage(m, batch, k) for m in ("llama", "bert") for k in (False, True)]
         if args.json:
             args.json.write_text(json.dumps({"steps": rows, "coverage": joined}, indent=1))
         print_table(rows)
