@@ -13,7 +13,8 @@ measures in that process:
 - gradients against an eager fp32 reference (relative L2; Llama) or against the stock plan at
   budget 1.0 with the same seed (BERT: dropout masks differ between eager and compiled);
 - step time, once every worker has compiled: workers time one at a time, each in rotating
-  rounds over its variants (median and p10 over all timed steps);
+  rounds over its variants (median and p10 over all timed steps); on CUDA also the kernels'
+  busy time per step (the profiler's sum over 3 steps), which host-side launch gaps do not move;
 - compile time (first step) and what the pass reported (its own seconds, edits, estimate).
 The last output is the table; `--json` writes every row.
 """
@@ -163,6 +164,23 @@ class Worker:
                 vals.append(cap.peak("cpu"))
         return statistics.median(vals) / 1e6
 
+    def gpu_ms(self, v: dict[str, Any], steps: int = 3) -> float | None:
+        """The kernels' time per step (CUDA): what the plan asks of the GPU, whatever the host does
+        meanwhile. A host-bound batch hides it behind launch gaps that swing between runs."""
+        if not self.device.startswith("cuda"):
+            return None
+        from torch.autograd import DeviceType
+        from torch.profiler import ProfilerActivity, profile
+
+        self.step(v)
+        self.sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                self.step(v)
+            self.sync()
+        busy = sum(e.self_device_time_total for e in prof.key_averages() if e.device_type == DeviceType.CUDA)
+        return busy / steps / 1e3
+
     def grads(self, v: dict[str, Any]) -> Any:
         torch = self.torch
         v["model"].zero_grad(set_to_none=True)
@@ -233,6 +251,8 @@ def worker_main(args: argparse.Namespace) -> None:
             ts.sort()
             rows[name]["step_ms"] = statistics.median(ts)
             rows[name]["step_p10_ms"] = ts[max(0, int(0.1 * len(ts)) - 1)] if ts else None
+        for v in variants:
+            rows[v["name"]]["gpu_ms"] = w.gpu_ms(v)
     print("RESULT " + json.dumps(list(rows.values())), flush=True)
 
 
@@ -314,16 +334,20 @@ def run_driver(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1f}"
+
+
 def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     by_budget: dict[float, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by_budget.setdefault(r["budget"] if r["variant"] != "ac" else -1.0, {})[r["variant"]] = r
     stock = {b: v["stock"]["peak_mb"] for b, v in by_budget.items() if "stock" in v}
-    head = "| budget | stock MB | stock ms |"
-    sep = "|---|---|---|"
+    head = "| budget | stock MB | stock ms | stock GPU ms |"
+    sep = "|---|---|---|---|"
     for m in modes:
-        head += f" {m} MB (×stock) | {m} ms (×stock) | {m} ≤ stock at ≥budget |"
-        sep += "---|---|---|"
+        head += f" {m} MB (×stock) | {m} ms (×stock) | {m} GPU ms (×stock) | {m} ≤ stock at ≥budget |"
+        sep += "---|---|---|---|"
     head += " grad rel L2 (stock / " + " / ".join(modes) + ") | compile s (stock / pass added) | masks saved MB |"
     lines = [head, sep + "---|---|---|"]
     for b in sorted(k for k in by_budget if k >= 0):
@@ -331,17 +355,20 @@ def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
         s = v.get("stock")
         if s is None:
             continue
-        line = f"| {b:.2f} | {s['peak_mb']:.1f} | {s.get('step_ms', float('nan')):.1f} |"
+        line = f"| {b:.2f} | {s['peak_mb']:.1f} | {s.get('step_ms', float('nan')):.1f} | {_ms(s.get('gpu_ms'))} |"
         suffix_min = min(p for bb, p in stock.items() if bb >= b)
         grads = [f"{s.get('grad_rel_l2', float('nan')):.1e}"]
         for m in modes:
             r = v.get(m)
             if r is None:
-                line += " – | – | – |"
+                line += " – | – | – | – |"
                 continue
             ok = "yes" if r["peak_mb"] <= suffix_min + 1e-9 else "NO"
             ms, stock_ms = r.get("step_ms", float("nan")), s.get("step_ms", float("nan"))
-            line += f" {r['peak_mb']:.1f} ({r['peak_mb'] / s['peak_mb']:.2f}) | {ms:.1f} ({ms / stock_ms:.3f}) | {ok} |"
+            gpu, stock_gpu = r.get("gpu_ms"), s.get("gpu_ms")
+            gpu_ratio = f" ({gpu / stock_gpu:.3f})" if gpu is not None and stock_gpu else ""
+            line += (f" {r['peak_mb']:.1f} ({r['peak_mb'] / s['peak_mb']:.2f}) | {ms:.1f} ({ms / stock_ms:.3f}) |"
+                     f" {_ms(gpu)}{gpu_ratio} | {ok} |")
             grads.append(f"{r.get('grad_rel_l2', float('nan')):.1e}")
         pass_s = max((v[m]["pass_s"] for m in modes if m in v), default=0.0)
         masks = max((sum(rep.get("random_saved_bytes", 0) for rep in v[m]["reports"]) for m in modes if m in v),
@@ -351,7 +378,7 @@ def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     if -1.0 in by_budget:
         a = by_budget[-1.0]["ac"]
         lines.append(f"| per-layer checkpointing (budget 1.0) | {a['peak_mb']:.1f} |"
-                     f" {a.get('step_ms', float('nan')):.1f} |" + " |" * (3 * len(modes))
+                     f" {a.get('step_ms', float('nan')):.1f} | {_ms(a.get('gpu_ms'))} |" + " |" * (4 * len(modes))
                      + f" {a.get('grad_rel_l2', float('nan')):.1e} | {a['compile_s']:.0f} | |")
     return "\n".join(lines)
 
