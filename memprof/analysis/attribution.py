@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from memprof._events import FLAG_OTHER_THREAD, CarriedBlock, Events, Kind
+from memprof._events import FLAG_OTHER_THREAD, CarriedBlock, Events, Kind, ids_for, index_dtype
 from memprof.analysis.carried import label_carried
 from memprof.analysis.distributed import label_distributed
 from memprof.analysis.join import join_call
@@ -107,12 +107,12 @@ def _label_eager(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int, int
     erows = tl.rows[eager]
     escope = raw["scope"][erows]
     in_opt = inside(erows, ctx.thread[eager], opts)
-    opt_end = np.asarray([o[2] for o in opts] + [0], dtype=np.int64)
+    opt_end = np.asarray([o[2] for o in opts] + [0], dtype=index_dtype(len(raw)))
     steps = np.flatnonzero(raw["kind"] == Kind.STEP)
     free_row = ctx.free_row[eager]
     spans_step = (np.searchsorted(steps, free_row) > np.searchsorted(steps, erows)) if len(steps) else \
         np.zeros(len(eager), bool)
-    is_grad = np.isin(escope, _grad_scopes(ctx).astype(escope.dtype))
+    is_grad = np.isin(escope, ids_for(escope, _grad_scopes(ctx).tolist()))
     bw_here = in_backward[eager]
     cat = eager_categories(in_opt >= 0, free_row > opt_end[in_opt], is_grad, bw_here, freed_in_bw[eager],
                            (erows < first_activity) | spans_step)
@@ -161,7 +161,7 @@ def label_timeline(
     allocates, so none is joined).
     """
     ctx = LabelContext(raw, strings, tl, plans, graphs, main_thread, scopes or ScopeIndex(raw))
-    alloc_pos = np.flatnonzero(tl.is_alloc)
+    alloc_pos = np.flatnonzero(tl.is_alloc).astype(index_dtype(ctx.n), copy=False)
     sid = ctx.scope_id
     calls = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(_GRAPH_CALL)])
     if tail_from is not None:
@@ -204,10 +204,14 @@ def label_timeline(
     for arr in (ctx.category, ctx.node, ctx.layer, ctx.kernel):
         arr[free_pos[f]] = arr[f]
     pre = _label_preexisting(ctx, preexisting, tensors)
-    # (ids in int16 where the names allow: a capture of millions of allocations holds three such arrays)
+    # (ids in int16 where the names allow: a capture of millions of allocations holds three such
+    # arrays; each int32 one is let go as its copy is made)
     ids_t = np.int16 if len(ctx.names.names) < 2**15 else np.int32
-    return Labels(ctx.category, ctx.node.astype(ids_t), ctx.layer.astype(ids_t), ctx.kernel.astype(ids_t),
-                  ctx.names.names, joins, *pre)
+    spent = np.zeros(0, np.int32)
+    node, ctx.node = ctx.node.astype(ids_t), spent
+    layer, ctx.layer = ctx.layer.astype(ids_t), spent
+    kernel, ctx.kernel = ctx.kernel.astype(ids_t), spent
+    return Labels(ctx.category, node, layer, kernel, ctx.names.names, joins, *pre)
 
 
 def _label_preexisting(ctx: LabelContext, blocks: Sequence[tuple[int, int]],

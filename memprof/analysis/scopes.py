@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from memprof._events import Events, Kind, index_dtype, kind_mask
+from memprof._events import Events, Kind, ids_for, index_dtype, kind_mask
 
 
 class Pair(NamedTuple):
@@ -102,7 +102,13 @@ def _level_pairs(is_begin: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarr
     at = np.flatnonzero(ib).astype(idx_t, copy=False)
     nxt = np.minimum(at + 1, n - 1)
     has_end = (at + 1 < n) & (lv[nxt] == lv[at]) & ~ib[nxt]
-    return order[at], np.where(has_end, order[nxt], -1), lv[at], has_end
+    del ib  # (each array is let go once used: a thread of millions of scope events pairs here)
+    depth = lv[at]
+    del lv
+    end = order[nxt]
+    del nxt
+    end[~has_end] = -1
+    return order[at], end, depth, has_end
 
 
 def pair_arrays(kinds: np.ndarray, scopes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -120,12 +126,15 @@ def pair_arrays(kinds: np.ndarray, scopes: np.ndarray) -> tuple[np.ndarray, np.n
     partners: list[np.ndarray] = []
     idx_t = index_dtype(len(is_begin))
     for _ in range(_REPAIR_PASSES):
-        idx = np.flatnonzero(keep).astype(idx_t, copy=False) if removed else np.arange(len(is_begin), dtype=idx_t)
-        found = _level_pairs(is_begin[idx])
+        # (the first pass takes every event: no index array of them all)
+        idx = np.flatnonzero(keep).astype(idx_t, copy=False) if removed else None
+        found = _level_pairs(is_begin if idx is None else is_begin[idx])
         if found is None:
             break
         b, e, _depth, has_end = found
-        bad = np.flatnonzero(has_end & (scopes[idx[b]] != scopes[idx[np.maximum(e, 0)]]))
+        eb, ee = (b, np.maximum(e, 0)) if idx is None else (idx[b], idx[np.maximum(e, 0)])
+        bad = np.flatnonzero(has_end & (scopes[eb] != scopes[ee]))
+        del eb, ee
         if not len(bad):
             out = _with_unended(is_begin, idx, found, np.concatenate([np.zeros(0, np.int64), *removed]),
                                 np.concatenate([np.zeros(0, np.int64), *partners]), scopes)
@@ -134,9 +143,10 @@ def pair_arrays(kinds: np.ndarray, scopes: np.ndarray) -> tuple[np.ndarray, np.n
             break
         bad = bad[np.argsort(b[bad])]
         inner = bad[np.append(b[bad][1:] > e[bad][:-1], True)]  # no mismatched pair inside it
-        keep[idx[b[inner]]] = False
-        removed.append(idx[b[inner]])
-        partners.append(idx[e[inner]])
+        at_b, at_e = (b[inner], e[inner]) if idx is None else (idx[b[inner]], idx[e[inner]])
+        keep[at_b] = False
+        removed.append(at_b)
+        partners.append(at_e)
     cols: list[list[int]] = [[], [], [], [], []]
     left, _ = _run(np.asarray(kinds).tolist(), scopes.tolist(), cols)
     return (np.asarray(cols[0] + left, np.int64), np.asarray(cols[1] + [-1] * len(left), np.int64),
@@ -146,15 +156,17 @@ def pair_arrays(kinds: np.ndarray, scopes: np.ndarray) -> tuple[np.ndarray, np.n
 _REPAIR_PASSES = 8  # nestings of begins without an end that the columns take out; deeper ones run `pair`
 
 
-def _with_unended(is_begin: np.ndarray, idx: np.ndarray, found: tuple[np.ndarray, ...], unended: np.ndarray,
+def _with_unended(is_begin: np.ndarray, idx: np.ndarray | None, found: tuple[np.ndarray, ...], unended: np.ndarray,
                   partners: np.ndarray, scopes: np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The rule's pairs from the pairs `found` of the events `idx` (all but the begins `unended`):
     an unended begin is closed, not by its own end, by the end of the innermost scope around it,
     which must be the end it was paired with when taken out (`partners`) and of another id; it
     stays on the stack until then, so the scopes that begin meanwhile are one deeper. None where
-    that does not hold."""
+    that does not hold. `idx` None: every event (nothing taken out)."""
     b, e, depth, has_end = found
+    if idx is None:
+        return b, e, depth, has_end
     begin, end = idx[b], np.where(e >= 0, idx[np.maximum(e, 0)], -1)
     if not len(unended):
         return begin, end, depth, has_end
@@ -273,7 +285,7 @@ class ScopeIndex:
         if not len(scope_ids):
             return []
         raw = self.raw
-        ids = np.asarray(scope_ids, dtype=raw["scope"].dtype)
+        ids = ids_for(raw["scope"], scope_ids)
         out: list[tuple[int, int, int, int]] = []
         for thread in self.threads:
             rows = self.rows_on(thread)
@@ -296,7 +308,7 @@ class ScopeIndex:
         rows = self.rows_on(thread)
         inner = rows[np.searchsorted(rows, begin, side="right"):np.searchsorted(rows, end, side="left")]
         if scope_ids is not None:
-            inner = inner[np.isin(raw["scope"][inner], np.asarray(list(scope_ids), dtype=raw["scope"].dtype))]
+            inner = inner[np.isin(raw["scope"][inner], ids_for(raw["scope"], scope_ids))]
         step = np.where(raw["kind"][inner] == Kind.SCOPE_BEGIN, 1, -1)
         depth = np.cumsum(step)
         top_begin = np.flatnonzero((step == 1) & (depth == 1))
@@ -312,8 +324,9 @@ class ScopeIndex:
 
 def inside(rows: np.ndarray, threads: np.ndarray, intervals: Sequence[tuple[int, int, int, int]]) -> np.ndarray:
     """Index of the interval (`ScopeIndex.outermost`) containing each (row, thread), -1 if none
-    (intervals do not overlap per thread)."""
-    out = np.full(len(rows), -1, dtype=index_dtype(len(intervals)))
+    (intervals do not overlap per thread), in the smallest integer type that holds them (int8 for a
+    capture's few optimizer steps or compiled calls: one per allocation of millions)."""
+    out = np.full(len(rows), -1, dtype=np.min_scalar_type(-max(len(intervals), 1)))
     if not intervals:
         return out
     arr = np.asarray(intervals, dtype=np.int64)

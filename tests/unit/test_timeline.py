@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memprof._events import EVENT_DTYPE, FLAG_UNFOLLOWED_THREAD, Kind, device_name, parse_device
+from memprof._events import EVENT_DTYPE, FLAG_UNFOLLOWED_THREAD, Events, Kind, device_name, ids_for, parse_device
 from memprof.analysis.scopes import ScopeIndex, pair, pair_arrays
 from memprof.analysis.timeline import build_timeline, step_stats
 from memprof.analysis.view import downsample
@@ -30,6 +30,24 @@ def events(*rows: tuple[int, int, int, int] | tuple[int, int, int, int, int]) ->
         out[i]["device_type"] = 1 if is_mem else -1
         out[i]["device_index"] = 0 if is_mem else -1
     return out
+
+
+def test_columns_are_stored_narrow_while_every_value_fits_and_widened_once_one_does_not() -> None:
+    small = events((Kind.ALLOC, 512, 0x10, 7), (Kind.FREE, -512, 0x10, 7), (Kind.SCOPE_BEGIN, 0, 0, 65535))
+    big = events((Kind.ALLOC, 3 << 30, 0x20, 70000), (Kind.FREE, -(3 << 30), 0x20, 7))
+    narrow = Events.from_chunks(3, [small])
+    assert narrow["bytes"].dtype == np.int32 and narrow["scope"].dtype == np.uint16
+    assert narrow["aux"].strides == (0,)  # one value in every event: stored once, as before
+    both = Events.from_chunks(5, [small, big])  # a 3 GiB block and string 70,000 come later: widened
+    assert both["bytes"].dtype == np.int64 and both["scope"].dtype == np.uint32
+    wide = np.concatenate([small, big])
+    assert both["bytes"].tolist() == wide["bytes"].tolist() and both["scope"].tolist() == wide["scope"].tolist()
+    assert (narrow.records() == small).all()  # the records (what files and spills hold) are unchanged
+    # the timeline reads values, not dtypes: the same from narrow columns as from the records
+    a, b = build_timeline(narrow, "cuda:0"), build_timeline(Events.of(small), "cuda:0")
+    assert a.allocated.dtype == np.int64 and a.allocated.tolist() == b.allocated.tolist() and a.peak == b.peak == 512
+    # ids compared with a narrow column: one it cannot hold matches no event (never wraps onto 4,464)
+    assert ids_for(narrow["scope"], [7, 70000, 4464 + 65536]).tolist() == [7]
 
 
 def test_device_names_round_trip() -> None:
