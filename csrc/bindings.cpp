@@ -224,6 +224,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("start_ns", &memprof::capture_start_ns);
   m.def("stop_ns", &memprof::capture_stop_ns);
   m.def("release", &memprof::release);
+  m.def("set_quiet", &memprof::set_quiet, py::arg("quiet"),
+        "memprof's op scopes off (True) or on again on this thread; returns whether they were off.");
+  m.def("quiet_scope", [](const std::string& name, bool begin) { return memprof::quiet_scope(name, begin); },
+        py::arg("name"), py::arg("begin"),
+        "While op scopes are off on this thread: record a scope's begin or end; returns whether it did.");
   m.def("mark_step", &memprof::mark_step);
   m.def("mark", [](const std::string& label) { memprof::mark(label); });
   m.def("now_ns", &memprof::now_ns);

@@ -87,8 +87,7 @@ ThreadState& thread_state(const Session* s) {
   return *ts;
 }
 
-uint32_t intern_cached(Session* s, ThreadState& ts, const char* name) {
-  std::string_view sv(name ? name : "");
+uint32_t intern_cached(Session* s, ThreadState& ts, std::string_view sv) {
   auto it = ts.cache.find(sv);
   if (it != ts.cache.end()) return it->second;
   const uint32_t id = s->strings.intern(sv);
@@ -326,7 +325,7 @@ std::unique_ptr<at::ObserverContext> on_scope_enter(const at::RecordFunction& fn
   Session* s = g_active.load(std::memory_order_acquire);
   if (s == nullptr) return nullptr;
   ThreadState& ts = thread_state(s);
-  const uint32_t id = intern_cached(s, ts, fn.name());
+  const uint32_t id = intern_cached(s, ts, fn.name() ? fn.name() : "");
   Event e = make_event(kScopeBegin, ts);
   e.scope = id;
   ts.stack.push_back(id);
@@ -338,7 +337,7 @@ void on_scope_exit(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
   Session* s = g_active.load(std::memory_order_acquire);
   if (s == nullptr) return;
   ThreadState& ts = thread_state(s);
-  const uint32_t id = intern_cached(s, ts, fn.name());
+  const uint32_t id = intern_cached(s, ts, fn.name() ? fn.name() : "");
   // Scopes close in LIFO order on a thread; tolerate an end whose begin was
   // not seen (it started before the capture) by ignoring it.
   for (size_t i = ts.stack.size(); i > 0; --i) {
@@ -351,6 +350,10 @@ void on_scope_exit(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
     }
   }
 }
+
+// The callback this thread switched off (0: none): a capture that stopped meanwhile took its handle
+// with it, and a new one's is not this thread's to switch back on.
+thread_local at::CallbackHandle t_quiet_handle = 0;
 
 void append_marker(uint8_t kind, int64_t value, std::string_view label) {
   Session* s = g_active.load(std::memory_order_acquire);
@@ -511,6 +514,51 @@ void freeze_capture() {
 }
 
 bool capture_active() { return g_active.load() != nullptr; }
+
+namespace {
+// Whether memprof's op scopes are off on this thread for the active capture (a handle left by one
+// that stopped meanwhile, with an exception in between, does not count).
+Session* quiet_session() {
+  Session* s = g_active.load(std::memory_order_acquire);
+  return s != nullptr && t_quiet_handle != 0 && t_quiet_handle == s->handle ? s : nullptr;
+}
+}  // namespace
+
+bool set_quiet(bool quiet) {
+  Session* s = g_active.load(std::memory_order_acquire);
+  const bool was = quiet_session() != nullptr;
+  if (quiet == was) return was;
+  if (!quiet) {
+    at::reenableCallback(t_quiet_handle);
+    t_quiet_handle = 0;
+    return was;
+  }
+  if (s == nullptr || s->handle == 0) return was;
+  // disableCallback finds the handle among this thread's callbacks (each thread holds its own copy),
+  // so the other threads' scopes go on, and other observers' callbacks are left as they are
+  at::disableCallback(s->handle);
+  t_quiet_handle = s->handle;
+  return was;
+}
+
+bool quiet_scope(std::string_view name, bool begin) {
+  Session* s = quiet_session();
+  if (s == nullptr) return false;
+  ThreadState& ts = thread_state(s);
+  const uint32_t id = intern_cached(s, ts, name);
+  if (begin) {
+    Event e = make_event(kScopeBegin, ts);
+    e.scope = id;
+    ts.stack.push_back(id);
+    s->store.append(e);
+  } else if (!ts.stack.empty() && ts.stack.back() == id) {
+    ts.stack.pop_back();
+    Event e = make_event(kScopeEnd, ts);
+    e.scope = id;
+    s->store.append(e);
+  }
+  return true;
+}
 
 namespace {
 // Each accessor reads the session once: g_last may be replaced meanwhile only by a new capture.

@@ -75,6 +75,15 @@ int64_t capture_start_ns();
 int64_t capture_stop_ns();
 void release();
 
+// memprof's op scopes on the calling thread only, switched off (`quiet` true) or back on; returns
+// whether they were off. While they are off an aten op takes the dispatcher's fast path, as without a
+// capture: a compiled-graph call's body runs quiet, the calls in it that allocate loud.
+bool set_quiet(bool quiet);
+// While memprof's op scopes are off on the calling thread: records the begin (or the end) of a scope
+// named `name` as if RecordFunction had opened it (a call that allocates in a quiet compiled-graph
+// call, its own ops left quiet), and returns true; else records nothing and returns false.
+bool quiet_scope(std::string_view name, bool begin);
+
 // Markers on the calling thread, recorded only while a capture is active.
 void mark_step(int64_t step);
 void mark(std::string_view label);

@@ -133,8 +133,9 @@ class Recorder:
         elif self.scopes != "none":
             # memprof's scope around each compiled-graph call, no scope per kernel launch: the join
             # finds each buffer's kernel in the wrapper code, and a scope per launch (Python, on the
-            # launch path) was most of what the default capture cost a host-bound step
-            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p, op_scope=self.scopes == "ops"))
+            # launch path) was most of what the default capture cost a host-bound step; the ops in
+            # a call run quiet, but for those that allocate (the rest of that cost)
+            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p, op_scope=self.scopes == "ops", quiet=C))
         # Compile plans: partitioner decisions, wrapper code and buffer origins of every
         # graph compiled during the capture, and which tensors are parameters and state.
         if self.record_plans:

@@ -73,6 +73,21 @@ def memprof_kernel_scopes() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def memprof_loud_graphs() -> Iterator[None]:
+    """The default before compiled-graph calls ran quiet (2026-12-04, session 15): every op scope
+    inside them recorded."""
+    from memprof.torch_hooks import runtime
+
+    ready = runtime._QuietGraphs.ready
+    runtime._QuietGraphs.ready = lambda self, key, graph: False  # type: ignore[method-assign]
+    try:
+        with memprof.capture():
+            yield
+    finally:
+        runtime._QuietGraphs.ready = ready  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
 def memprof_graphs() -> Iterator[None]:
     with memprof.capture(scopes="graphs"):
         yield
@@ -105,6 +120,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "memprof + spill (trace)": memprof_spill,
     "memprof + ring (--keep-last 2)": memprof_ring,
     "memprof --kernel-scopes": memprof_kernel_scopes,
+    "memprof (loud graph calls)": memprof_loud_graphs,
     "memprof --scopes graphs": memprof_graphs,
     "memprof --scopes none": memprof_allocs,
     "_record_memory_history(python)": memory_history,
@@ -224,7 +240,8 @@ def main() -> None:
         ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
     names = ["plain", "memprof", *[v for v in names if v not in ("plain", "memprof")]]
     rows: list[dict[str, object]] = []
-    for b in args.batch or [2]:
+    timed = (args.batch or [2]) if args.rounds > 0 else []  # (--rounds 0 --coverage: the coverage alone)
+    for b in timed:
         rows += bench(b, args.rounds, args.block, names)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))

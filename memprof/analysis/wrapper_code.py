@@ -19,7 +19,7 @@ from functools import cached_property, lru_cache
 from memprof.analysis.sizes import SizeFunction, size_function, solve_symbolic_sizes, split_top, static_bytes
 
 __all__ = ["AllocSite", "CallSite", "EmptyStrided", "Line", "WrapperCode", "check_symbolic_sizes", "lex",
-           "match_empty_strided", "parse_wrapper"]
+           "match_empty_strided", "parse_wrapper", "scoped_calls"]
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
 _EMPTY_HEAD = re.compile(rf"^({_NAME}) = (?:empty_strided_(\w+)|(?:torch\.)?empty_strided)\(")
@@ -206,6 +206,7 @@ class Line:
     bare: bool = False
     dels: tuple[str, ...] = ()  # names a `del` on this line drops
     item: int = -1  # "copy" of one item of a tuple (`name = target[item]`), else -1
+    overload: str = ""  # "extern" called as `torch.ops.<namespace>.<op>.<overload>(`: the overload
 
 
 def _returned(text: str) -> tuple[str | None, ...]:
@@ -230,7 +231,7 @@ def _classify(no: int, stmt: str, dels: tuple[str, ...]) -> Line:
     m = _EXTERN_ASSIGN.match(stmt)
     if m and (m.group(2) or m.group(3) in ("aten", "extern_kernels")):
         return Line(no, "extern", m.group(1), namespace=m.group(3), op=m.group(4), args=stmt.split("(", 1)[1],
-                    dels=dels)
+                    dels=dels, overload=(m.group(5) or "") if m.group(2) else "")
     if m := _EXTERN_OUT.match(stmt):
         out = _OUT_KW.search(m.group(4))
         return Line(no, "extern_out", namespace=m.group(1), op=m.group(2), args=m.group(4),
@@ -335,6 +336,39 @@ def check_symbolic_sizes(sites: Sequence[tuple[AllocSite, int]], cpu: bool) -> s
     explained by some values of the size symbols ("" if so, else which one is not:
     `sizes.solve_symbolic_sizes`)."""
     return solve_symbolic_sizes([(a.buf, a.size_of, block) for a, block in sites], cpu)
+
+
+# `out=` calls that allocate nothing of their own once the graph has run (cuBLAS takes its workspace at
+# the first matmul on a stream)
+_QUIET_OUT = frozenset({"mm", "addmm", "bmm", "baddbmm"})
+_ASSIGNS = re.compile(rf"^{_NAME} = ")
+
+
+def scoped_calls(source: str) -> tuple[str, ...] | None:
+    """The operator overloads (`namespace.op.overload`) of the wrapper's calls that return fresh
+    tensors: after a graph's first call, the only op scopes the join needs inside a call of it (the
+    wrapper's own allocations open none, and its `out=` matmuls allocate nothing). None where another
+    line may allocate with no such scope to show it: a fresh tensor from another kind of call,
+    `empty_strided(` (it opens aten's scope), an `out=` call that is not a matmul, an assignment this
+    lexer does not know, or a wrapper the join cannot read."""
+    if _unsupported(source):
+        return None
+    text = source.splitlines()
+    ops: list[str] = []
+    for ln in lex(source):
+        if ln.kind == "extern" and ln.overload:
+            ops.append(f"{ln.namespace}.{ln.op}.{ln.overload}")
+        elif _may_allocate_unseen(ln, text[ln.no - 1].strip()):
+            return None
+    return tuple(dict.fromkeys(ops))
+
+
+def _may_allocate_unseen(ln: Line, stmt: str) -> bool:
+    """Whether a line may allocate with no op scope of memprof's around it (`scoped_calls`)."""
+    if ln.kind == "other":
+        return bool(_ASSIGNS.match(stmt)) and "= get_raw_stream(" not in stmt
+    return (ln.kind == "alloc" and ln.bare) or ln.kind == "extern" or (ln.kind == "extern_out" and
+                                                                      ln.op not in _QUIET_OUT)
 
 
 def parse_wrapper(source: str) -> WrapperCode:

@@ -48,6 +48,11 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("torch._C._distributed_c10d", "Reducer._rebuild_buckets"),
 )
 _DECLARED = frozenset(TARGETS)
+# (module, class, attribute): an attribute of instances made at run time, replaced on the instances a
+# feature picks (`Patches.set_on`)
+INSTANCE_TARGETS: tuple[tuple[str, str, str], ...] = (
+    ("torch._ops", "OpOverload", "_op"),  # what `OpOverload.__call__` calls
+)
 
 
 def resolve(module: str, path: str) -> tuple[Any, str]:
@@ -87,6 +92,18 @@ class Patches:
             self._undo.append(lambda: delattr(obj, name))
         else:
             self._undo.append(lambda: setattr(obj, name, old))
+        return old
+
+    def set_on(self, obj: Any, name: str, value: Any) -> Any:
+        """Replace the instance attribute `name` of `obj` (declared in `INSTANCE_TARGETS`); returns the
+        old value."""
+        if not any(name == attr and isinstance(obj, getattr(importlib.import_module(module), cls))
+                   for module, cls, attr in INSTANCE_TARGETS):
+            raise AssertionError(f"{type(obj).__name__}.{name} is not a declared instance patch target "
+                                 "(memprof.torch_hooks.patch.INSTANCE_TARGETS)")
+        old = obj.__dict__[name]
+        setattr(obj, name, value)
+        self._undo.append(lambda: setattr(obj, name, old))
         return old
 
     def on_undo(self, fn: Callable[[], Any]) -> None:

@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from memprof.torch_hooks.patch import Patches
 
@@ -23,26 +23,110 @@ def kernel_scopes(patches: Patches) -> None:
     patches.set("torch.autograd.profiler", "_is_profiler_enabled", True)
 
 
-def graph_call_scopes(patches: Patches, op_scope: bool) -> None:
+def graph_call_scopes(patches: Patches, op_scope: bool, quiet: QuietScopes | None = None) -> None:
     """Open a scope named as Inductor's own (`## Call CompiledFxGraph <key> ##`) around each
     compiled-graph call, without the profiler flag, which would also make Inductor open one per
     kernel launch. `op_scope`: as Inductor opens it (RecordScope::FUNCTION, straight from C++), for
     captures that record op scopes; else a user scope (`--scopes graphs`, which leaves op scopes
     off: every aten op would run memprof's callback). A user scope's end is an op that a dispatch
     mode sees: AOTAutograd's first call of a graph runs under one, and with op scopes recorded that
-    call's end went missing. Needs Inductor loaded (`on_first_compile`)."""
+    call's end went missing. Needs Inductor loaded (`on_first_compile`).
+
+    `quiet` (op scopes only): from a graph's second call on, its body runs with memprof's op scopes
+    off, every aten op on the dispatcher's fast path, and only the calls that allocate recorded as
+    scopes (`_QuietGraphs`)."""
     import torch
     from torch._inductor.output_code import CompiledFxGraph
 
     original = CompiledFxGraph.__dict__["__call__"]
     scope: Any = torch._C._profiler._RecordFunctionFast if op_scope else torch.autograd.profiler.record_function
+    graphs = _QuietGraphs(patches, quiet) if op_scope and quiet is not None else None
 
     @functools.wraps(original)
     def call(self: Any, inputs: Any) -> Any:
-        with scope(f"## Call CompiledFxGraph {self._fx_graph_cache_key} ##"):
-            return original(self, inputs)
+        key = self._fx_graph_cache_key
+        with scope(f"## Call CompiledFxGraph {key} ##"):
+            if graphs is None or not graphs.ready(key, self):
+                return original(self, inputs)
+            was = graphs.quiet.set_quiet(True)
+            try:
+                return original(self, inputs)
+            finally:
+                graphs.quiet.set_quiet(was)
 
     patches.set("torch._inductor.output_code", "CompiledFxGraph.__call__", call)
+
+
+class QuietScopes(Protocol):
+    """The native switches of quiet compiled-graph calls (`memprof._native`)."""
+
+    def set_quiet(self, quiet: bool) -> bool: ...
+
+    def quiet_scope(self, name: str, begin: bool) -> bool: ...
+
+
+class _QuietGraphs:
+    """Which compiled graphs run quiet. Op scopes inside a compiled-graph call cost as much as the
+    rest of a host-bound step's scopes together, and the join needs only those of the calls that
+    return fresh tensors (`wrapper_code.scoped_calls`): memprof wraps each of those operator
+    overloads to record its scope itself, the ops it runs left quiet. A graph's first call stays
+    loud (cuBLAS takes its workspace inside the first matmul, and autotuning runs there), as does a
+    graph whose wrapper may allocate where no scope would show it, or one with no cache key to tell
+    it from others."""
+
+    def __init__(self, patches: Patches, quiet: QuietScopes) -> None:
+        self.patches, self.quiet = patches, quiet
+        self.graphs: dict[str, bool | None] = {}  # key -> quiet from now on (None: called once)
+        self.wrapped: set[int] = set()  # ids of the overloads wrapped
+
+    def ready(self, key: Any, graph: Any) -> bool:
+        if not key:
+            return False
+        if key not in self.graphs:
+            self.graphs[key] = None
+            return False
+        state = self.graphs[key]
+        if state is not None:
+            return state
+        try:
+            state = self._wrap(graph.source_code)
+        except Exception:  # never fail the user's step over a scope
+            state = False
+        self.graphs[key] = state
+        return state
+
+    def _wrap(self, source: Any) -> bool:
+        import torch
+
+        from memprof.analysis.wrapper_code import scoped_calls
+
+        ops = scoped_calls(source) if isinstance(source, str) else None
+        if ops is None:
+            return False
+        overloads = []
+        for path in ops:
+            namespace, op, name = path.split(".")
+            overloads.append(getattr(getattr(getattr(torch.ops, namespace), op), name))
+        for overload in overloads:
+            if id(overload) not in self.wrapped:
+                self.patches.set_on(overload, "_op", self._scoped(overload._op, overload._schema.name))
+                self.wrapped.add(id(overload))
+        return True
+
+    def _scoped(self, inner: Callable[..., Any], name: str) -> Callable[..., Any]:
+        """`inner` (an overload's builtin), recorded as a scope named as RecordFunction names the op's
+        when it runs in a quiet call; as it is elsewhere (RecordFunction records it there)."""
+        scope = self.quiet.quiet_scope
+
+        def op(*args: Any, **kwargs: Any) -> Any:
+            if not scope(name, True):
+                return inner(*args, **kwargs)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                scope(name, False)
+
+        return op
 
 
 def on_first_compile(patches: Patches, install: Callable[[], None]) -> None:

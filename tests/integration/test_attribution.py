@@ -127,11 +127,39 @@ def test_llama_plan_matches_the_partitioners_own_log(llama: tuple[memprof.Captur
     assert all(g.plan == 0 for g in cap.graphs)
 
 
+def _scopes_in_calls(cap: memprof.Capture) -> list[set[str]]:
+    """The names of the scopes opened inside each compiled-graph call (any depth), in call order."""
+    calls: list[set[str]] = []
+    stack: list[str] = []
+    raw = cap.raw[np.isin(cap.raw["kind"], (2, 3))]
+    for kind, scope in zip(raw["kind"].tolist(), raw["scope"].tolist(), strict=True):
+        name = cap.scope_name(int(scope))
+        if kind == 3:
+            if name in stack:
+                del stack[len(stack) - 1 - stack[::-1].index(name):]
+            continue
+        if name.startswith("## Call CompiledFxGraph"):
+            calls.append(set())
+        elif any(s.startswith("## Call CompiledFxGraph") for s in stack):
+            calls[-1].add(name)
+        stack.append(name)
+    return calls
+
+
 def test_llama_every_graph_call_is_joined_to_buffers(llama: tuple[memprof.Capture, list[str]]) -> None:
+    """Every call is joined buffer by buffer, the second step's too, whose calls ran quiet: no op
+    scope inside them but those memprof opened around the calls that return fresh tensors
+    (attention, cumsum), and the overloads it wrapped for that are the builtins again after."""
     cap, _ = llama
     labels = cap.labels("cpu")
     assert len(labels.calls) == 4  # forward + backward, two steps
     assert all(c.level == "buffer" for c in labels.calls), [c.reason for c in labels.calls]
+    first, second = _scopes_in_calls(cap)[:2], _scopes_in_calls(cap)[2:]
+    assert all("aten::mm" in names for names in first), first
+    fresh = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::cumsum")  # (the backward recomputes both)
+    assert len(second) == 2 and all(names and all(n.startswith(fresh) for n in names) for names in second), second
+    assert type(torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default._op).__name__ == \
+        "builtin_function_or_method"
 
 
 def test_llama_attribution_sums_to_the_peak_to_the_byte(llama: tuple[memprof.Capture, list[str]]) -> None:
@@ -294,6 +322,10 @@ def test_every_scope_mode_joins_every_compiled_graph_call_alike() -> None:
         names = {cap.scope_name(int(s)) for s in np.unique(cap.raw["scope"][cap.raw["kind"] == 2])}
         assert any(n.startswith("## Call CompiledFxGraph") for n in names), names
         assert any(n.startswith("aten::") for n in names) == (scopes == "ops"), names
+        # op scopes inside a graph's second call only with Inductor's kernel scopes: without them it
+        # runs quiet (its matmuls write into the wrapper's buffers, the join needs no scope of theirs)
+        inside = _scopes_in_calls(cap)
+        assert [bool(s) for s in inside] == [scopes == "ops"] * 2 + [kernels] * 2, inside
         if not kernels:  # (with them, Inductor's CPU wrapper opens no scope per C++ kernel either)
             assert not any(n.startswith(("cpp_fused", "triton_")) for n in names), names
     assert rows["ops", False] == rows["ops", True]

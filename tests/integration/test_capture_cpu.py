@@ -208,3 +208,37 @@ def test_events_view_columns() -> None:
 def test_capture_data_before_stop_is_an_error() -> None:
     with memprof.capture() as cap, pytest.raises(memprof.MemprofError, match="still running"):
         _ = cap.events
+
+
+def test_quiet_ops_record_no_scope_but_the_ones_memprof_opens() -> None:
+    """`set_quiet` switches memprof's op scopes off on this thread alone (a compiled-graph call's
+    body): the allocations are still recorded, inside the scopes memprof opens itself
+    (`quiet_scope`), and scopes come back when it is switched on; out of a quiet stretch, or after
+    the capture that went quiet stopped, `quiet_scope` records nothing."""
+    from memprof._native import native
+
+    C = native()
+    w = torch.ones(8, 8)
+    with memprof.capture() as cap:
+        torch.mm(w, w)
+        assert C.set_quiet(True) is False
+        torch.mm(w, w)
+        assert C.quiet_scope("aten::mine", True) is True
+        torch.mm(w, w)
+        assert C.quiet_scope("aten::mine", False) is True
+        assert C.set_quiet(True) is True and C.set_quiet(False) is True
+        torch.mm(w, w)
+        assert C.quiet_scope("aten::mine", True) is False
+        C.set_quiet(True)  # left quiet: the next capture starts loud all the same
+    with memprof.capture() as second:
+        assert C.quiet_scope("aten::mine", True) is False
+        torch.mm(w, w)
+    C.set_quiet(False)
+    def begun(c: memprof.Capture) -> list[str]:
+        return [c.scope_name(int(s)) for s in c.raw[c.raw["kind"] == Kind.SCOPE_BEGIN]["scope"]]
+
+    one_mm = begun(second)  # a loud matmul's scopes (aten::mm and what it runs)
+    assert one_mm[0] == "aten::mm"
+    assert begun(cap) == [*one_mm, "aten::mine", *one_mm]
+    allocs = cap.raw[cap.raw["kind"] == Kind.ALLOC]
+    assert len(allocs) == 4 and [cap.scope_name(int(s)) for s in allocs["scope"]][1:3] == ["", "aten::mine"]

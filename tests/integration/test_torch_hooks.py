@@ -47,6 +47,8 @@ def test_every_target_resolves() -> None:
 def test_an_undeclared_patch_is_refused() -> None:
     with pytest.raises(AssertionError, match="not a declared patch target"), Patches() as p:
         p.set("torch", "matmul", None)
+    with pytest.raises(AssertionError, match="not a declared instance patch target"), Patches() as p:
+        p.set_on(torch.ops.aten.mm, "_op", None)  # a packet, not an overload
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])

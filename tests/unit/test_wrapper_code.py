@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memprof.analysis.wrapper_code import parse_wrapper
+from memprof.analysis.wrapper_code import parse_wrapper, scoped_calls
 
 WRAPPER = '''
 from torch._inductor.select_algorithm import extern_kernels
@@ -86,3 +86,19 @@ def test_symbolic_sizes_are_checked_per_call() -> None:
     assert "buf9" in check_symbolic_sizes([(a, 2560), (c, 4001)], cpu=True)
     odd = AllocSite("buf1", None, "(__import__('os').getpid(), 4)", "float32", 4, "(4, 1)")
     assert odd.size_of is None and check_symbolic_sizes([(odd, 16)], cpu=True) == ""  # never evaluated
+
+
+def test_scoped_calls_are_the_overloads_that_return_fresh_tensors() -> None:
+    """A wrapper runs quiet after its first call when every allocation it makes is either its own
+    (`empty_strided_<device>`) or inside a `torch.ops` overload returning a fresh tensor, whose scope
+    memprof opens; any other call that may allocate keeps its op scopes on (None)."""
+    randint = "            aten.randint.low_out(-9223372036854775808, 9223372036854775807, [1], out=buf1)\n"
+    assert randint in WRAPPER
+    assert scoped_calls(WRAPPER) is None  # an out= call that is not a matmul
+    quiet = WRAPPER.replace(randint, "")
+    assert scoped_calls(quiet) == ("aten._scaled_dot_product_efficient_attention.default",)
+    fresh = "buf5 = torch.ops.aten._scaled_dot_product_efficient_attention.default("
+    for other in ("buf5 = aten._scaled_dot_product_efficient_attention(",  # no overload to wrap
+                  "buf5 = extern_kernels.attention(", "buf5 = some_helper(", "buf5 = empty_strided("):
+        assert scoped_calls(quiet.replace(fresh, other)) is None, other
+    assert scoped_calls(quiet.replace("def call(self, args)", "def run(self, args)")) is None
