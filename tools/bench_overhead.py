@@ -1,8 +1,10 @@
 """Capture overhead on the paper Llama (budget 0.13, compiled), side by side in one process.
 
 Variants run in rotating rounds (blocks of --block steps each, the order rotating every
-round) so drift hits them alike; each step is timed wall-clock with a CUDA sync at its end.
-Prints a table last: median and p10 step time, ratio to plain, the paired ratio to memprof's
+round) so drift hits them alike; each step is timed wall-clock with a CUDA sync at its end, and
+by the process's CPU time up to that sync (the host's work for the step, all threads: equal to
+the wall clock where the step is host-bound, and no steadier). Prints a table last: median and p10 step time,
+ratio to plain, the median CPU time per step and its ratio to plain's, the paired ratio to memprof's
 in-RAM capture (each round's block median over memprof's in the same round, the median over
 rounds), capture bytes per event, and `memprof report` time on a capture of that run. With
 `--coverage`, then: each of the paper Llama and BERT compiled inside a default capture (and one
@@ -37,6 +39,8 @@ sys.path.insert(0, str(ROOT / "tools"))
 from _examples import load_example  # noqa: E402
 
 LAST_CAPTURE: list[memprof.Capture] = []
+LAST_QUIET: list[memprof.Capture] = []
+LAST_CPU: list[float] = [0.0]
 
 
 @contextlib.contextmanager
@@ -88,6 +92,32 @@ def memprof_loud_graphs() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def memprof_quiet_optimizer() -> Iterator[None]:
+    """The default with the optimizer's steps quiet too (an experiment: no op scope inside them)."""
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    from memprof._native import native
+
+    C = native()
+
+    def quiet(on: bool) -> Callable[..., None]:
+        def hook(*args: object) -> None:  # (returns None: a pre-hook's result would replace the args)
+            C.set_quiet(on)
+
+        return hook
+
+    pre = register_optimizer_step_pre_hook(quiet(True))  # type: ignore[no-untyped-call]
+    post = register_optimizer_step_post_hook(quiet(False))  # type: ignore[no-untyped-call]
+    try:
+        with memprof.capture() as cap:
+            yield
+        LAST_QUIET[:] = [cap]
+    finally:
+        pre.remove()
+        post.remove()
+
+
+@contextlib.contextmanager
 def memprof_graphs() -> Iterator[None]:
     with memprof.capture(scopes="graphs"):
         yield
@@ -121,6 +151,7 @@ VARIANTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "memprof + ring (--keep-last 2)": memprof_ring,
     "memprof --kernel-scopes": memprof_kernel_scopes,
     "memprof (loud graph calls)": memprof_loud_graphs,
+    "memprof + quiet optimizer": memprof_quiet_optimizer,
     "memprof --scopes graphs": memprof_graphs,
     "memprof --scopes none": memprof_allocs,
     "_record_memory_history(python)": memory_history,
@@ -144,12 +175,18 @@ def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[st
     fn = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
+    cpu: dict[str, list[float]] = {k: [] for k in names}  # the host's CPU time per step (all threads)
+
     def step() -> float:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         fn(input_ids=ids).last_hidden_state.sum().backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        # (before the sync, which spins: the CPU time the step's launches took; near the wall clock,
+        # the step is host-bound)
+        cpu_s = time.process_time() - c
         torch.cuda.synchronize()
+        LAST_CPU[:] = [cpu_s]
         return time.perf_counter() - t
 
     t = time.perf_counter()
@@ -166,7 +203,10 @@ def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[st
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             with VARIANTS[name]():
-                block_times = [step() for _ in range(block)]
+                block_times = []
+                for _ in range(block):
+                    block_times.append(step())
+                    cpu[name].append(LAST_CPU[0])
             times[name] += block_times
             blocks[name].append(statistics.median(block_times))
             if name == "memprof":
@@ -180,7 +220,9 @@ def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[st
         paired = statistics.median(b / m for b, m in zip(blocks[name], blocks["memprof"], strict=True))
         rows.append({"batch": batch, "variant": name, "steps": len(times[name]), "median_ms": med * 1e3,
                      "p10_ms": pct(times[name], 0.1) * 1e3, "p90_ms": pct(times[name], 0.9) * 1e3,
-                     "ratio": med / base, "vs_memprof": paired, "compile_s": compile_s})
+                     "ratio": med / base, "vs_memprof": paired, "compile_s": compile_s,
+                     "cpu_ms": statistics.median(cpu[name]) * 1e3,
+                     "cpu_ratio": statistics.median(cpu[name]) / statistics.median(cpu["plain"])})
     # capture memory per event, and report time on the last memprof capture (one block)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "bench.memprof"
@@ -194,6 +236,8 @@ def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[st
         cli = time.perf_counter() - t
     strings_bytes = sum(len(s) + 1 for s in cap.strings)
     for row in rows:
+        if row["variant"] == "memprof + quiet optimizer" and LAST_QUIET:
+            row.update(events_per_step=len(LAST_QUIET[0].raw) / block)
         if row["variant"] == "memprof":
             row.update(events_per_step=len(cap.raw) / block,
                        bytes_per_event=(cap.raw.nbytes + strings_bytes) / len(cap.raw),
@@ -262,15 +306,16 @@ def main() -> None:
 def print_table(rows: list[dict[str, object]]) -> None:
     print(f"\npaper Llama, budget 0.13, Inductor, {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print(f"{'batch':>5} {'variant':<32} {'steps':>5} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} "
-          f"{'ratio':>6} {'vs memprof':>10}  extra")
+          f"{'ratio':>6} {'vs memprof':>10} {'CPU ms':>7} {'CPU ratio':>9}  extra")
     for r in rows:
-        extra = ""
+        extra = f"{r['events_per_step']:.0f} ev/step" if "events_per_step" in r else ""
         if "bytes_per_event" in r:
             extra = (f"{r['events_per_step']:.0f} ev/step, {r['bytes_per_event']:.1f} B/event, report "
                      f"{r['report_s_in_process']:.2f} s in-process / {r['report_s_cli']:.2f} s CLI "
                      f"({r['capture_events']} events)")
         print(f"{r['batch']:>5} {r['variant']:<32} {r['steps']:>5} {r['median_ms']:>10.2f} {r['p10_ms']:>8.2f} "
-              f"{r['p90_ms']:>8.2f} {r['ratio']:>6.3f} {r['vs_memprof']:>10.3f}  {extra}", flush=True)
+              f"{r['p90_ms']:>8.2f} {r['ratio']:>6.3f} {r['vs_memprof']:>10.3f} {r['cpu_ms']:>7.2f} "
+              f"{r['cpu_ratio']:>9.3f}  {extra}", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -32,8 +32,10 @@ from memprof.cli.options import Budget, ScriptCommand, StepWindow
 @click.option("--scopes", type=click.Choice(["ops", "graphs", "none"]), default="ops", show_default=True,
               help="Scopes recorded: every op and compiled-graph call, compiled-graph calls only, or none.")
 @click.option("--kernel-scopes/--no-kernel-scopes", default=False, show_default=True,
-              help="Also record a scope per compiled kernel launch (Inductor's own; for a trace of every "
-                   "launch, at a host-bound step's cost). Buffers name their kernel either way.")
+              help="Also record a scope per compiled kernel launch (Inductor's own) and every op inside "
+                   "compiled-graph calls (by default a graph's later calls record only the calls that "
+                   "allocate): a trace of every launch, at a host-bound step's cost. Buffers name their "
+                   "kernel either way.")
 @click.option("--steps", "window", type=StepWindow(), default=None,
               help="Store only steps A to B (a step ends at each optimizer step or memprof.step(); the first, "
                    "compiling step is step 1).")
