@@ -237,16 +237,18 @@ EXPORTS = {"chrome": ("--chrome", "Chrome/Perfetto trace", "open in ui.perfetto.
            "html": ("--html", "HTML report", "open it in a browser; it needs no network")}
 
 
-def report(cap: Capture, exports: Mapping[str, Path], save_error: str | None, launch: Path, force: bool) -> None:
-    """The summary first, then where each file went (or why it could not be written): the capture
-    and the `exports` (format -> path: "chrome", "html"). Of a distributed run's ranks only rank 0
-    prints it; the others print only what went wrong."""
+def report(cap: Capture, exports: Mapping[str, Path], save_error: str | None, launch: Path, force: bool,
+           summary: str | None = None) -> None:
+    """The summary first (`summary`: the text, when it was made already), then where each file went
+    (or why it could not be written): the capture and the `exports` (format -> path: "chrome",
+    "html"). Of a distributed run's ranks only rank 0 prints it; the others print only what went
+    wrong."""
     from memprof.errors import MemprofError
     from memprof.reporters import render, write
 
     quiet = cap.info.rank not in (None, 0)
     if not quiet:
-        say(render("text", cap).rstrip("\n"))
+        say((summary if summary is not None else render("text", cap)).rstrip("\n"))
     for fmt, path in exports.items():
         _option, what, hint = EXPORTS[fmt]
         try:
@@ -312,12 +314,20 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
     result: ScriptResult | None = None
     save_error: str | None = None
     guard = SaveGuard()
+    summary: list[str] = []
+
+    def summarize(cap: Capture) -> None:  # (beside the save: the summary reads the events as it writes them)
+        from memprof.reporters import render
+
+        if cap.info.rank in (None, 0) and os.getpid() == pid:
+            summary.append(render("text", cap))
+
     try:
         with budget, _remat(opts.remat), session(
                 max_events=opts.max_events, scopes=opts.scopes, kernels=opts.kernels,
                 meta=meta, output=out, knapsack_evaluator=opts.knapsack_evaluator, replace_spill=opts.force,
                 keep=opts.keep, overwrite=opts.force, on_fatal=on_fatal, before_marker=opts.before_marker,
-                before_save=record_probes) as cap:
+                before_save=record_probes, beside_save=summarize) as cap:
             try:
                 result = run_script(script, script_args, exiting=exiting)
             except BaseException:
@@ -338,7 +348,7 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
         return Traced(None, result, Ending(result.exit_code))
     assert cap is not None
     try:
-        report(cap, exports, save_error, launch, opts.force)
+        report(cap, exports, save_error, launch, opts.force, summary[0] if summary else None)
         if finished is not None:
             finished(cap)
     finally:

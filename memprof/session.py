@@ -60,14 +60,18 @@ def session(*, max_events: int | None = None, scopes: str = "ops", kernels: bool
             knapsack_evaluator: bool = False, replace_spill: bool = False, keep: Keep | None = None,
             overwrite: bool = False, on_fatal: Callable[[Capture, int], None] | None = None,
             before_marker: Callable[[int], None] | None = None,
-            before_save: Callable[[Capture], None] | None = None) -> Iterator[Capture]:
+            before_save: Callable[[Capture], None] | None = None,
+            beside_save: Callable[[Capture], None] | None = None) -> Iterator[Capture]:
     """`capture()` with memprof's own options (`knapsack_evaluator`: the sweep's measurements;
     `replace_spill`: `memprof trace --force` replaces the spill a killed run left; `keep`: which
     steps are stored, and `Keep.exit_after`; `on_fatal(capture, signum)`: what to say once a fatal
     signal's capture is saved, before the signal ends the process; `before_marker(step)`: called as
     each step ends, before its marker is recorded; `before_save(capture)`: called once the capture
     stopped, before it is saved, unless a fatal signal ends the process: what it adds to the
-    capture's metadata is saved with it; an error in it is a note, never a lost capture)."""
+    capture's metadata is saved with it; an error in it is a note, never a lost capture;
+    `beside_save(capture)`: run on a thread of its own while the capture is saved, which reads the
+    events at the same time (the summary `memprof trace` prints: on two cores the two take the time
+    of the longer one); it must not change the capture, and what it raises is dropped)."""
     if scopes not in SCOPE_BITS:
         raise MemprofError(f"scopes must be one of {sorted(SCOPE_BITS)}, got {scopes!r}")
     if max_events is not None and (not isinstance(max_events, int) or max_events <= 0):
@@ -121,11 +125,12 @@ def session(*, max_events: int | None = None, scopes: str = "ops", kernels: bool
         raise
     finally:
         if os.getpid() == rec.pid:  # (a forked child's copy does nothing: the parent saves)
-            _finish(rec, ended, out, overwrite, before_save)
+            _finish(rec, ended, out, overwrite, before_save, beside_save)
 
 
 def _finish(rec: Recorder, ended: BaseException | None, out: Path | None, overwrite: bool,
-            before_save: Callable[[Capture], None] | None = None) -> None:
+            before_save: Callable[[Capture], None] | None = None,
+            beside_save: Callable[[Capture], None] | None = None) -> None:
     if current() is rec:
         stop_active()
     cap = rec.cap
@@ -138,6 +143,7 @@ def _finish(rec: Recorder, ended: BaseException | None, out: Path | None, overwr
             cap.meta.setdefault("notes", []).append(f"{getattr(before_save, '__name__', 'before_save')} failed "
                                                     f"({one_line(exc)})")
     if out is not None and not cap.recording:
+        beside = _beside(beside_save, cap)
         try:
             _save(cap, out, rec, overwrite)
         except SaveError as exc:
@@ -146,6 +152,23 @@ def _finish(rec: Recorder, ended: BaseException | None, out: Path | None, overwr
             say(f"memprof: error: {exc}")  # the block's own exception goes on
         else:
             rec.remove_spill()  # the capture is on disk: its spill has done its job
+        finally:
+            if beside is not None:
+                beside.join()
+
+
+def _beside(fn: Callable[[Capture], None] | None, cap: Capture) -> threading.Thread | None:
+    """`fn(cap)` started on a thread of its own (`session`'s `beside_save`)."""
+    if fn is None:
+        return None
+
+    def run() -> None:
+        with contextlib.suppress(Exception):  # (whoever wanted its result does the work again)
+            fn(cap)
+
+    thread = threading.Thread(target=run, name="memprof-beside-save", daemon=True)
+    thread.start()
+    return thread
 
 
 @contextlib.contextmanager

@@ -60,15 +60,20 @@ def event_count(parts: list[tuple[int, int]]) -> int:
 
 
 def read_into(f: io.BufferedReader, out: np.ndarray, parts: list[tuple[int, int]], n: int) -> None:
-    """Read the first `n` events of `parts` straight into the start of `out`."""
+    """Read the first `n` events of `parts` straight into the start of `out`, at their offsets
+    (`pread`: the descriptor's position is not used, so two threads may read one spill at once)."""
     flat, at, end = memoryview(out.view(np.uint8)), 0, n * EVENT_DTYPE.itemsize  # type: ignore[arg-type]
+    fd = f.fileno()
     for offset, length in parts:
         take = min(length, end - at)
         if take <= 0:
             break
-        f.seek(offset)
-        if f.readinto(flat[at : at + take]) != take:
-            raise CaptureFileError(f"{f.name}: the spill changed while it was read")
+        done = 0
+        while done < take:  # (one call reads at most about 2 GB)
+            got = os.preadv(fd, [flat[at + done : at + take]], offset + done)
+            if got <= 0:
+                raise CaptureFileError(f"{f.name}: the spill changed while it was read")
+            done += got
         at += take
 
 
@@ -77,7 +82,8 @@ class SpilledEvents:
     held open (the spill can be removed meanwhile: its data stays until this closes), then `tail`,
     the events the store recorded after the last write. `chunks` streams them a record at a time (the
     capture file is written from them with memory bounded by one record); `read` makes the columns
-    the analysis needs, once."""
+    the analysis needs. Both read at offsets, so the save and the summary may read at once, on two
+    threads; the descriptor closes with this object (or `close`)."""
 
     def __init__(self, path: Path, written: int, tail: np.ndarray) -> None:
         self._f: io.BufferedReader | None = open(path, "rb")  # noqa: SIM115  (held open on purpose)
@@ -90,7 +96,7 @@ class SpilledEvents:
 
     def _file(self) -> io.BufferedReader:
         if self._f is None:
-            raise CaptureFileError("the spilled events were read already")
+            raise CaptureFileError("the spilled events were closed")
         return self._f
 
     def chunks(self) -> Iterator[np.ndarray]:
@@ -107,11 +113,8 @@ class SpilledEvents:
             yield self.tail
 
     def read(self) -> Events:
-        """Every event, in columns (`Events`: a chunk in memory at a time beside them); the
-        descriptor is closed."""
-        out = Events.from_chunks(len(self), self.chunks())
-        self.close()
-        return out
+        """Every event, in columns (`Events`: a chunk in memory at a time beside them)."""
+        return Events.from_chunks(len(self), self.chunks())
 
     def close(self) -> None:
         if self._f is not None:

@@ -169,3 +169,29 @@ def test_a_streamed_capture_is_saved_from_its_spill_without_reading_it_into_memo
     assert events >= 400_000 and peak < 8 << 20, (events, peak)  # (the events: 22.4 MB)
     saved = memprof.load(tmp_path / "run.memprof")
     assert np.array_equal(saved.raw, cap.raw) and saved.peak("cpu") == cap.peak("cpu")
+
+
+def test_what_runs_beside_the_save_reads_the_events_as_the_save_writes_them(tmp_path: Path) -> None:
+    """`memprof trace` makes its summary on a thread of its own while the capture is saved from the
+    spill: both read the spilled events at once (at offsets, one descriptor), each gets all of them,
+    and the thread has ended when the session has."""
+    import threading
+
+    import torch
+
+    from memprof.session import session
+
+    seen: list[tuple[int, str]] = []
+
+    def beside(cap: memprof.Capture) -> None:
+        seen.append((len(cap.raw), threading.current_thread().name))
+
+    with session(output=tmp_path / "run.memprof", beside_save=beside) as cap:
+        for _ in range(50_000):
+            torch.empty(8)
+        time.sleep(0.6)  # a flush of the spill: most events are read back from it
+    assert seen == [(len(cap.raw), "memprof-beside-save")] and len(cap.raw) >= 200_000
+    assert not any(t.name == "memprof-beside-save" for t in threading.enumerate())
+    saved = memprof.load(tmp_path / "run.memprof")
+    assert np.array_equal(saved.raw, cap.raw)
+    assert not (tmp_path / "run.memprof.spill").exists()
