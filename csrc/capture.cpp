@@ -73,10 +73,20 @@ struct ThreadState {
   uint64_t pending_ptr = 0;
   int64_t pending_requested = -1;
   uint64_t pending_stream = 0;
+  uint32_t thread_index = 0;  // current_thread_index(), kept here: one thread-local lookup an event
 };
 
+// (constant-initialized, unlike a function's thread_local with an initializer: no guard to check on
+// each access, which in a shared library is one more __tls_get_addr call)
+thread_local ThreadState* t_state = nullptr;
+
 ThreadState& thread_state(const Session* s) {
-  thread_local ThreadState* ts = new ThreadState();
+  ThreadState* ts = t_state;
+  if (ts == nullptr) {
+    ts = new ThreadState();
+    ts->thread_index = current_thread_index();
+    t_state = ts;
+  }
   if (ts->generation != s->generation) {
     ts->generation = s->generation;
     ts->stack.clear();
@@ -104,7 +114,7 @@ Event make_event(uint8_t kind, const ThreadState& ts) {
   e.device_type = -1;
   e.device_index = -1;
   e.scope = ts.stack.empty() ? 0 : ts.stack.back();
-  e.thread = static_cast<uint16_t>(current_thread_index());
+  e.thread = static_cast<uint16_t>(ts.thread_index);
   return e;
 }
 
