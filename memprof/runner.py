@@ -239,10 +239,9 @@ EXPORTS = {"chrome": ("--chrome", "Chrome/Perfetto trace", "open in ui.perfetto.
 
 def report(cap: Capture, exports: Mapping[str, Path], save_error: str | None, launch: Path, force: bool,
            summary: str | None = None) -> None:
-    """The summary first (`summary`: the text, when it was made already), then where each file went
-    (or why it could not be written): the capture and the `exports` (format -> path: "chrome",
-    "html"). Of a distributed run's ranks only rank 0 prints it; the others print only what went
-    wrong."""
+    """The summary first (`summary`: its text, if made already), then where each file went (or why
+    not): the capture and the `exports` (format -> path: "chrome", "html"). Of a distributed run's
+    ranks only rank 0 prints it; the others print only what went wrong."""
     from memprof.errors import MemprofError
     from memprof.reporters import render, write
 
@@ -271,8 +270,7 @@ def report(cap: Capture, exports: Mapping[str, Path], save_error: str | None, la
 
 
 def _write_new(path: Path, write: Callable[..., Path], force: bool) -> Path:
-    """`write(target, replace)` at `path`; without `force` a file that appeared there meanwhile is kept
-    (`outputs.free_name`)."""
+    """`write(target, replace)` at `path`; without `force` a file that appeared there is kept (`free_name`)."""
     from memprof.outputs import free_name
 
     target = path
@@ -292,11 +290,11 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
     runs once the capture is saved, also when a fatal signal is about to end the process."""
     from memprof.analysis.window import never_opened
     from memprof.errors import SaveError
+    from memprof.reporters import render
     from memprof.session import session
-
-    pid = os.getpid()
     from memprof.torch_hooks.budget import budget_set, current_budget
 
+    pid = os.getpid()
     budget = budget_set(opts.budget)
     meta = {"command": shlex.join(["python", script, *script_args]), "argv": [script, *script_args],
             "script": str(Path(script).resolve()), "remat": opts.remat,
@@ -314,11 +312,9 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
     result: ScriptResult | None = None
     save_error: str | None = None
     guard = SaveGuard()
-    summary: list[str] = []
+    summary: list[str] = []  # made beside the save, reading the events as it writes them
 
-    def summarize(cap: Capture) -> None:  # (beside the save: the summary reads the events as it writes them)
-        from memprof.reporters import render
-
+    def summarize(cap: Capture) -> None:
         if cap.info.rank in (None, 0) and os.getpid() == pid:
             summary.append(render("text", cap))
 
