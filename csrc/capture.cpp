@@ -331,23 +331,18 @@ void uninstall_cpu_wrapper() {
   }
 }
 
-std::unique_ptr<at::ObserverContext> on_scope_enter(const at::RecordFunction& fn) {
-  Session* s = g_active.load(std::memory_order_acquire);
-  if (s == nullptr) return nullptr;
+// A scope's begin or end on the calling thread, whoever opened it (RecordFunction, or memprof itself in
+// a quiet stretch: quiet_scope).
+void record_scope(Session* s, std::string_view name, bool begin) {
   ThreadState& ts = thread_state(s);
-  const uint32_t id = intern_cached(s, ts, fn.name() ? fn.name() : "");
-  Event e = make_event(kScopeBegin, ts);
-  e.scope = id;
-  ts.stack.push_back(id);
-  s->store.append(e);
-  return nullptr;
-}
-
-void on_scope_exit(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
-  Session* s = g_active.load(std::memory_order_acquire);
-  if (s == nullptr) return;
-  ThreadState& ts = thread_state(s);
-  const uint32_t id = intern_cached(s, ts, fn.name() ? fn.name() : "");
+  const uint32_t id = intern_cached(s, ts, name);
+  if (begin) {
+    Event e = make_event(kScopeBegin, ts);
+    e.scope = id;
+    ts.stack.push_back(id);
+    s->store.append(e);
+    return;
+  }
   // Scopes close in LIFO order on a thread; tolerate an end whose begin was
   // not seen (it started before the capture) by ignoring it.
   for (size_t i = ts.stack.size(); i > 0; --i) {
@@ -359,6 +354,17 @@ void on_scope_exit(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
       return;
     }
   }
+}
+
+std::unique_ptr<at::ObserverContext> on_scope_enter(const at::RecordFunction& fn) {
+  Session* s = g_active.load(std::memory_order_acquire);
+  if (s != nullptr) record_scope(s, fn.name() ? fn.name() : "", true);
+  return nullptr;
+}
+
+void on_scope_exit(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
+  Session* s = g_active.load(std::memory_order_acquire);
+  if (s != nullptr) record_scope(s, fn.name() ? fn.name() : "", false);
 }
 
 // The callback this thread switched off (0: none): a capture that stopped meanwhile took its handle
@@ -554,19 +560,7 @@ bool set_quiet(bool quiet) {
 bool quiet_scope(std::string_view name, bool begin) {
   Session* s = quiet_session();
   if (s == nullptr) return false;
-  ThreadState& ts = thread_state(s);
-  const uint32_t id = intern_cached(s, ts, name);
-  if (begin) {
-    Event e = make_event(kScopeBegin, ts);
-    e.scope = id;
-    ts.stack.push_back(id);
-    s->store.append(e);
-  } else if (!ts.stack.empty() && ts.stack.back() == id) {
-    ts.stack.pop_back();
-    Event e = make_event(kScopeEnd, ts);
-    e.scope = id;
-    s->store.append(e);
-  }
+  record_scope(s, name, begin);
   return true;
 }
 

@@ -40,7 +40,6 @@ from _examples import load_example  # noqa: E402
 
 LAST_CAPTURE: list[memprof.Capture] = []
 LAST_QUIET: list[memprof.Capture] = []
-LAST_CPU: list[float] = [0.0]
 
 
 @contextlib.contextmanager
@@ -177,7 +176,8 @@ def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[st
 
     cpu: dict[str, list[float]] = {k: [] for k in names}  # the host's CPU time per step (all threads)
 
-    def step() -> float:
+    def step() -> tuple[float, float]:
+        """The step's wall-clock time and its CPU time up to the sync."""
         t, c = time.perf_counter(), time.process_time()
         fn(input_ids=ids).last_hidden_state.sum().backward()
         opt.step()
@@ -186,8 +186,7 @@ def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[st
         # the step is host-bound)
         cpu_s = time.process_time() - c
         torch.cuda.synchronize()
-        LAST_CPU[:] = [cpu_s]
-        return time.perf_counter() - t
+        return time.perf_counter() - t, cpu_s
 
     t = time.perf_counter()
     step()
@@ -203,10 +202,9 @@ def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[st
         order = names[r % len(names):] + names[: r % len(names)]
         for name in order:
             with VARIANTS[name]():
-                block_times = []
-                for _ in range(block):
-                    block_times.append(step())
-                    cpu[name].append(LAST_CPU[0])
+                wall_cpu = [step() for _ in range(block)]
+                block_times = [w for w, _c in wall_cpu]
+                cpu[name] += [c for _w, c in wall_cpu]
             times[name] += block_times
             blocks[name].append(statistics.median(block_times))
             if name == "memprof":
