@@ -34,7 +34,7 @@ from memprof.remat.graph import (
     walk,
 )
 from memprof.remat.report import RematReport
-from memprof.remat.saves import Joint, choose_saves
+from memprof.remat.saves import Joint, choose_saves, preferred, step_work
 from memprof.remat.usesite import Program, rematerialize
 from memprof.torch_hooks.fx import (
     is_random_node,
@@ -42,6 +42,7 @@ from memprof.torch_hooks.fx import (
     mutates,
     node_module_path,
     numel,
+    op_flops,
     op_name,
     size_hint,
     tensor_bytes,
@@ -108,12 +109,16 @@ def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Nod
         return Node(n.name, RANDOM, inputs, nbytes, -1, n_elements, False, False, layer)
     if forbidden:
         return Node(n.name, OTHER, inputs, nbytes, -1, n_elements, False, False, layer)
-    if any(w in name for w in _ATTENTION_WORDS):
-        return Node(n.name, ATTENTION, inputs, nbytes, -1, n_elements, False, False, layer)
+    if any(w in name for w in _ATTENTION_WORDS):  # matmul-class work: costed in FLOPs, as matmuls are
+        flops = op_flops(n)
+        return Node(n.name, ATTENTION, inputs, nbytes, -1, n_elements if flops is None else flops, False, False, layer)
     if is_view(target):
         base = next((i for i in n.all_input_nodes if i in index), None)
         return Node(n.name, VIEW, inputs, 0, index[base] if base is not None else -1, 0.0, True, False, layer)
     if name in _HEAVY:
+        flops = op_flops(n)
+        if flops is not None:
+            return Node(n.name, HEAVY, inputs, nbytes, -1, flops, True, False, layer)
         k = 1
         mats = [a for a in n.args if hasattr(a, "meta")]
         if len(mats) >= 2:
@@ -166,25 +171,30 @@ def random_count(gm: Any) -> int:
     return sum(1 for n in gm.graph.nodes if is_random_node(n))
 
 
-# budgets above the requested one whose stock saved sets the pass also starts from (it keeps the
-# candidate with the lowest estimated peak that recomputes no more than the stock plan; ties go to
-# less recomputation, then to the nearest budget): a larger budget's knapsack can pick a set that
-# splits the layers better, so a smaller budget need not end higher than a nearby larger one. All
-# steps run unless a step takes unusually long (`_SaveHook.decide`), so a plan does not depend on
-# the machine's speed. Two steps: larger ones never won on the models measured, and each costs a
-# stock knapsack (docs/benchmarks.md, "Figures behind design choices").
+# budgets around the requested one whose stock saved sets the pass also starts from, in this order
+# (it keeps the candidate with the lowest estimated peak that `saves.preferred` allows: no more
+# recomputation than the stock plan, or a little more for a clearly lower peak; ties go to less
+# recomputation, then to the first tried): a larger budget's knapsack can pick a set that splits
+# the layers better, so a smaller budget need not end higher than a nearby larger one; a smaller
+# budget's set (a fraction of the requested one) can hold far less for nearly the same work (the
+# bf16 GQA decoder at 0.10 and batch 16: from 5,292 to 4,873 MB, under per-layer checkpointing, from
+# budget 0.05's set, at 0.98x stock's GPU time). All steps run unless a step takes unusually long
+# (`_SaveHook.decide`), so a plan does not depend on the machine's speed. Each step costs a stock
+# knapsack (docs/benchmarks.md, "Figures behind design choices", "Session 14", "Session 16").
 LADDER = (0.01, 0.02)
+LADDER_DOWN = (0.5, 0.25)  # fractions of the requested budget
 
 
 class _SaveHook:
     """Replaces `choose_saved_values_set` for one partitioner call."""
 
     def __init__(self, report: RematReport, num_fwd_outputs: int, time_limit: float,
-                 ladder: tuple[float, ...] | None = None) -> None:
+                 ladder: tuple[float, ...] | None = None, down: tuple[float, ...] | None = None) -> None:
         self.report = report
         self.num_fwd_outputs = num_fwd_outputs
         self.time_limit = time_limit
         self.ladder = LADDER if ladder is None else ladder
+        self.down = LADDER_DOWN if down is None else down
         self.called = False
         self.seconds = 0.0  # spent deciding (inside the partitioner call)
 
@@ -219,12 +229,13 @@ class _SaveHook:
         decision, start, start_budget = own, stock, budget
         seen = {frozenset(stock_idx)}
         tried = 0
+        work = step_work(joint)
         t_ladder = time.perf_counter()
         cap = max(30.0, 10 * self.time_limit)  # a guard for huge graphs (far above what the models measured take)
-        for step in self.ladder if 0.0 <= budget < 1.0 else ():
-            b = round(budget + step, 6)
-            if b >= 1.0:
-                break
+        around = [round(budget + step, 6) for step in self.ladder] + [round(budget * f, 6) for f in self.down]
+        for b in around if 0.0 <= budget < 1.0 else ():
+            if b >= 1.0 or b <= 0.0 or b == budget:
+                continue
             if time.perf_counter() - t_ladder > cap:
                 self.report.notes.append(f"larger-budget starting points stopped after {cap:.0f} s")
                 break
@@ -236,8 +247,7 @@ class _SaveHook:
             seen.add(frozenset(cand_idx))
             tried += 1
             d = choose_saves(joint, cand_idx, time_limit=self.time_limit, pinned=pins)
-            better = (d.chosen.peak, d.chosen.recompute_cost) < (decision.chosen.peak, decision.chosen.recompute_cost)
-            if better and d.chosen.recompute_cost <= own.stock.recompute_cost:
+            if preferred(d.chosen, decision.chosen, own.stock, work):
                 decision, start, start_budget = d, cand, b
         r = self.report
         r.ladder_tried = tried
@@ -254,6 +264,7 @@ class _SaveHook:
         r.saved_bytes = decision.chosen.saved_bytes
         r.stock_recompute_cost = own.stock.recompute_cost
         r.recompute_cost = decision.chosen.recompute_cost
+        r.step_work = work
         r.save_seconds = time.perf_counter() - t0
         r.stock_random_recomputed = sum(1 for j in own.stock.recomputed if joint.nodes[j].kind == RANDOM)
         r.notes.extend(decision.notes)

@@ -39,7 +39,7 @@ class Node:
     inputs: tuple[int, ...] = ()
     nbytes: int = 0  # bytes the node allocates (0 for views, getitem, symbols)
     alias: int = -1  # the node whose storage this one shares, or -1
-    cost: float = 0.0  # work to recompute it (FLOPs for heavy ops, output elements otherwise)
+    cost: float = 0.0  # work to recompute it (FLOPs for matmuls, convolutions and attention; output elements otherwise)
     clonable: bool = True  # functional and safe to run twice (no mutation, collective, *_backward)
     resident: bool = False  # an input that is live anyway (parameter, user input): costs nothing
     layer: str = ""  # the model layer it belongs to ("layers.3"), when known

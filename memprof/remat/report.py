@@ -15,7 +15,7 @@ class RematReport:
     seconds: float = 0.0  # time the pass added to this compile (its own work)
     partition_seconds: float = 0.0  # time of the partitioner it wraps (stock work)
     # saved-set choice (estimates in bytes, from memprof's liveness walk of the simulated programs)
-    start_budget: float | None = None  # a larger budget whose stock saved set the chosen one grew from
+    start_budget: float | None = None  # another budget whose stock saved set the chosen one grew from
     ladder_tried: int = 0  # other budgets' stock saved sets tried as starting points
     stock_estimate: int | None = None  # stock plan: max(forward, backward) peak
     saves_estimate: int | None = None  # after the saved-set choice
@@ -28,8 +28,9 @@ class RematReport:
     stock_random_recomputed: int | None = None  # random ops the stock plan's backward would redraw
     stock_saved_bytes: int | None = None
     saved_bytes: int | None = None
-    stock_recompute_cost: float | None = None  # FLOPs (matmuls) + elements (other ops) recomputed
+    stock_recompute_cost: float | None = None  # FLOPs (matmuls, attention) + elements (other ops) recomputed
     recompute_cost: float | None = None
+    step_work: float | None = None  # the step's work without recomputation, in the same units
     save_seconds: float = 0.0
     # use-site edits on the partitioned backward
     bw_estimate_before: int | None = None
@@ -68,11 +69,18 @@ class RematReport:
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in names})
 
+    def _extra_work(self) -> str:
+        """What the chosen set recomputes beyond the stock plan, as a share of the step's work."""
+        if not self.step_work or self.recompute_cost is None or self.stock_recompute_cost is None:
+            return ""
+        extra = self.recompute_cost - self.stock_recompute_cost
+        return f" (+{extra / self.step_work:.1%} of the step's work recomputed)" if extra > 0 else ""
+
     def summary(self) -> str:
         """One line on what the pass did (`memprof report` prints it under the plan)."""
         parts = [f"remat {self.mode}: {self.status}"]
         if self.start_budget is not None:
-            parts.append(f"started from budget {self.start_budget:g}'s saved set")
+            parts.append(f"started from budget {self.start_budget:g}'s saved set{self._extra_work()}")
         if self.saved_added:
             parts.append(f"{len(self.saved_added)} layer boundaries saved")
         if self.random_saved:

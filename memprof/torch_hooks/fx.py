@@ -216,3 +216,50 @@ def call_spec(node: Any) -> str:
                            "kwargs": {k: _encode_arg(v) for k, v in node.kwargs.items()}})
     except (_NoSpec, AttributeError, TypeError, ValueError):
         return ""
+
+
+def _shape_of(v: Any) -> Any:
+    """A node argument as torch's flop formulas take it: tensors as tuples of hinted sizes (a
+    symbolic size read without a guard; ValueError when one has no hint), other values as they are."""
+    import torch
+
+    if isinstance(v, torch.fx.Node):
+        v = v.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        dims = tuple(size_hint(d) for d in v.shape)
+        if any(d is None for d in dims):
+            raise ValueError("a size without a hint")
+        return dims
+    if isinstance(v, torch.SymInt):
+        hint = size_hint(v)
+        if hint is None:
+            raise ValueError("a size without a hint")
+        return hint
+    if isinstance(v, (list, tuple)):
+        return type(v)(_shape_of(x) for x in v)
+    return v
+
+
+def op_flops(node: Any) -> float | None:
+    """FLOPs of one FX call by torch's own formulas (`torch.utils.flop_counter`, what the stock
+    partitioner's runtime estimate counts with), at the traced sizes; the CPU's fused attention,
+    which has no formula registered, is counted as the other attention kernels are. None where no
+    formula applies."""
+    from torch.utils import flop_counter as _flop_counter
+
+    flop_counter: Any = _flop_counter  # (its formulas are untyped)
+    target = node.target
+    formula = flop_counter.flop_registry.get(getattr(target, "overloadpacket", target))
+    try:
+        args = [_shape_of(a) for a in node.args]
+        if formula is not None:
+            kwargs = {k: _shape_of(v) for k, v in node.kwargs.items()}
+            return float(formula(*args, out_val=_shape_of(node.meta.get("val")), **kwargs))
+        name = op_name(target)
+        if name == "_scaled_dot_product_flash_attention_for_cpu":
+            return float(flop_counter.sdpa_flop_count(*args[:3]))
+        if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
+            return float(flop_counter.sdpa_backward_flop_count(*args[:4]))
+    except Exception:  # a formula that does not take these arguments: no figure rather than a wrong one
+        return None
+    return None

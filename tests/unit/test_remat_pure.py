@@ -6,6 +6,7 @@ import pytest
 
 from memprof.remat.graph import HEAVY, INPUT, POINTWISE, RANDOM, REDUCTION, VIEW, Node, walk
 from memprof.remat.saves import (
+    Evaluation,
     Joint,
     backward_needs,
     backward_order,
@@ -13,6 +14,8 @@ from memprof.remat.saves import (
     choose_saves,
     evaluate,
     handed_over,
+    preferred,
+    step_work,
 )
 from memprof.remat.usesite import Program, rematerialize
 
@@ -103,6 +106,32 @@ def test_backward_order_recomputes_before_first_use_and_boundaries_cut_the_chain
     assert decision.chosen.recompute_cost <= decision.stock.recompute_cost
     order = backward_order(joint, set(decision.chosen.bw_order))
     assert order == decision.chosen.bw_order
+
+
+def test_a_set_that_recomputes_more_wins_only_by_a_clear_margin_within_the_allowance() -> None:
+    """`preferred`: more recomputation than the stock plan is taken for a peak 0.5% lower at least,
+    and only within 3% of the step's work beyond the stock plan's recomputation."""
+    joint, _ = _chain_joint(6)
+    work = step_work(joint)
+    assert work == sum(nd.cost for nd in joint.nodes) > 0
+    stock = evaluate(joint, {0, 1})
+    r0 = stock.recompute_cost
+    step = 0.03 * work
+
+    def ev(peak: int, recompute: float) -> Evaluation:
+        return Evaluation(frozenset(), peak, 0, [], recompute, [], 0)
+
+    base = ev(1000, r0)
+    assert preferred(ev(999, r0), base, stock, work)  # lower, no more work than stock: always
+    assert preferred(ev(1000, r0 - 1), base, stock, work)  # a tie: less work wins
+    assert not preferred(ev(1000, r0), base, stock, work)
+    assert not preferred(ev(996, r0 + 1), base, stock, work)  # 0.4% lower: not worth more work
+    assert preferred(ev(995, r0 + step), base, stock, work)
+    assert not preferred(ev(500, r0 + step + 1), base, stock, work)  # past the allowance, however low
+    # a set that already recomputes more than stock is replaced by any lower one that recomputes less
+    lavish = ev(1000, r0 + step)
+    assert preferred(ev(999, r0 + step / 2), lavish, stock, work)
+    assert not preferred(ev(999, r0 + step + 1), lavish, stock, work)
 
 
 def test_outputs_handed_to_a_loss_compiled_apart_bound_the_saved_set() -> None:
