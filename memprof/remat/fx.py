@@ -237,7 +237,7 @@ class _SaveHook:
             if b >= 1.0 or b <= 0.0 or b == budget:
                 continue
             if time.perf_counter() - t_ladder > cap:
-                self.report.notes.append(f"larger-budget starting points stopped after {cap:.0f} s")
+                self.report.notes.append(f"other budgets' starting points stopped after {cap:.0f} s")
                 break
             with boykov_kolmogorov():
                 cand = self.original(joint_graph, node_info, memory_budget=b)
