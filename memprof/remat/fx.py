@@ -107,8 +107,9 @@ def to_node(n: Any, index: dict[Any, int], random: Callable[[Any], bool]) -> Nod
                  or tstr.startswith(_COLLECTIVE_PREFIXES) or name.startswith(_COLLECTIVE_PREFIXES))
     if random(n):
         return Node(n.name, RANDOM, inputs, nbytes, -1, n_elements, False, False, layer)
-    if forbidden:
-        return Node(n.name, OTHER, inputs, nbytes, -1, n_elements, False, False, layer)
+    if forbidden:  # never recomputed; its cost counts in the step's work (attention's and convolutions' backward)
+        flops = op_flops(n)
+        return Node(n.name, OTHER, inputs, nbytes, -1, n_elements if flops is None else flops, False, False, layer)
     if any(w in name for w in _ATTENTION_WORDS):  # matmul-class work: costed in FLOPs, as matmuls are
         flops = op_flops(n)
         return Node(n.name, ATTENTION, inputs, nbytes, -1, n_elements if flops is None else flops, False, False, layer)

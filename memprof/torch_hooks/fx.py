@@ -240,11 +240,23 @@ def _shape_of(v: Any) -> Any:
     return v
 
 
+def _attention_flops(name: str, args: list[Any]) -> float | None:
+    """An attention call's FLOPs from its query and key shapes (b, h, s, d): QK^T and PV, two matmuls
+    of 2·b·h·s_q·s_k·d each; a backward is 2.5 times that, as torch counts it."""
+    backward = "backward" in name
+    q, k = (args[1], args[2]) if backward else (args[0], args[1])
+    if not (isinstance(q, tuple) and isinstance(k, tuple) and len(q) == 4 and len(k) == 4):
+        return None
+    b, h, s_q, d = q
+    flops = 4.0 * b * h * s_q * k[2] * d
+    return float(2.5 * flops if backward else flops)
+
+
 def op_flops(node: Any) -> float | None:
     """FLOPs of one FX call by torch's own formulas (`torch.utils.flop_counter`, what the stock
-    partitioner's runtime estimate counts with), at the traced sizes; the CPU's fused attention,
-    which has no formula registered, is counted as the other attention kernels are. None where no
-    formula applies."""
+    partitioner's runtime estimate counts with), at the traced sizes. An attention call whose
+    formula is missing (the CPU's fused kernel) or refuses its shapes (grouped-query heads, in some
+    torch versions) is counted from its query and key shapes. None where no formula applies."""
     from torch.utils import flop_counter as _flop_counter
 
     flop_counter: Any = _flop_counter  # (its formulas are untyped)
@@ -252,14 +264,15 @@ def op_flops(node: Any) -> float | None:
     formula = flop_counter.flop_registry.get(getattr(target, "overloadpacket", target))
     try:
         args = [_shape_of(a) for a in node.args]
-        if formula is not None:
+    except Exception:  # a size without a hint: no figure rather than a wrong one
+        return None
+    if formula is not None:
+        try:
             kwargs = {k: _shape_of(v) for k, v in node.kwargs.items()}
             return float(formula(*args, out_val=_shape_of(node.meta.get("val")), **kwargs))
-        name = op_name(target)
-        if name == "_scaled_dot_product_flash_attention_for_cpu":
-            return float(flop_counter.sdpa_flop_count(*args[:3]))
-        if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
-            return float(flop_counter.sdpa_backward_flop_count(*args[:4]))
-    except Exception:  # a formula that does not take these arguments: no figure rather than a wrong one
-        return None
+        except Exception:
+            pass
+    name = op_name(target)
+    if "attention" in name:
+        return _attention_flops(name, args)
     return None

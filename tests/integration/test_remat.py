@@ -373,7 +373,7 @@ def test_attention_and_matmuls_are_costed_in_flops_by_torchs_formulas() -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     from memprof.remat.fx import to_node
-    from memprof.remat.graph import ATTENTION, HEAVY
+    from memprof.remat.graph import ATTENTION, HEAVY, OTHER
     from memprof.torch_hooks.fx import is_random_node
 
     b, h, L, d = 2, 4, 64, 16
@@ -383,15 +383,21 @@ def test_attention_and_matmuls_are_costed_in_flops_by_torchs_formulas() -> None:
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return (F.scaled_dot_product_attention(q, k, v, is_causal=True) @ w).sum()
 
-    gm = make_fx(f, tracing_mode="fake")(q, k, v, w)
+    def step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(f(q, k, v, w), (q, k, v))
+
+    gm = make_fx(step, tracing_mode="fake")(q, k, v, w)
     nodes = list(gm.graph.nodes)
     index = {n: i for i, n in enumerate(nodes)}
     costs = {n.name: (nd.kind, nd.cost) for n in nodes
-             if (nd := to_node(n, index, is_random_node)).kind in (ATTENTION, HEAVY)}
+             if (nd := to_node(n, index, is_random_node)).kind in (ATTENTION, HEAVY, OTHER)}
     with FlopCounterMode(display=False) as counter:
-        f(q, k, v, w)
-    att = [c for kind, c in costs.values() if kind == ATTENTION]
+        step(q, k, v, w)
+    att = [c for name, (kind, c) in costs.items() if kind == ATTENTION]
+    att_bw = [c for name, (kind, c) in costs.items() if kind == OTHER and "attention" in name]
     mm = [c for kind, c in costs.values() if kind == HEAVY]
-    assert att == [4.0 * b * h * L * L * d]  # QK^T and PV, two matmuls of 2·b·h·L·L·d each
-    assert sum(mm) == 2.0 * b * h * L * d * 32
+    # QK^T and PV, two matmuls of 2·b·h·L·L·d each; the backward (never recomputed, but counted in
+    # the step's work) five, as torch counts it
+    assert att == [4.0 * b * h * L * L * d] and att_bw == [10.0 * b * h * L * L * d]
+    assert mm == [2.0 * b * h * L * d * 32] * 2  # the forward's, and the gradient through it
     assert counter.get_flop_counts()["Global"][torch.ops.aten.mm] == sum(mm)
