@@ -241,8 +241,8 @@ def _shape_of(v: Any) -> Any:
 
 
 def _attention_flops(name: str, args: list[Any]) -> float | None:
-    """An attention call's FLOPs from its query and key shapes (b, h, s, d): QK^T and PV, two matmuls
-    of 2·b·h·s_q·s_k·d each; a backward is 2.5 times that, as torch counts it."""
+    """A `_scaled_dot_product_*` call's FLOPs from its query and key shapes (b, h, s, d): QK^T and
+    PV, two matmuls of 2·b·h·s_q·s_k·d each; a backward is 2.5 times that, as torch counts it."""
     backward = "backward" in name
     q, k = (args[1], args[2]) if backward else (args[0], args[1])
     if not (isinstance(q, tuple) and isinstance(k, tuple) and len(q) == 4 and len(k) == 4):
@@ -273,6 +273,6 @@ def op_flops(node: Any) -> float | None:
         except Exception:
             pass
     name = op_name(target)
-    if "attention" in name:
+    if name.startswith("_scaled_dot_product"):  # (batch, heads, sequence, dim) layouts only
         return _attention_flops(name, args)
     return None
