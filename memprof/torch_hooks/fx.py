@@ -262,6 +262,10 @@ def op_flops(node: Any) -> float | None:
     flop_counter: Any = _flop_counter  # (its formulas are untyped)
     target = node.target
     formula = flop_counter.flop_registry.get(getattr(target, "overloadpacket", target))
+    name = op_name(target)
+    sdpa = name.startswith("_scaled_dot_product")  # (batch, heads, sequence, dim) layouts only
+    if formula is None and not sdpa:  # most nodes: no shapes to read
+        return None
     try:
         args = [_shape_of(a) for a in node.args]
     except Exception:  # a size without a hint: no figure rather than a wrong one
@@ -272,7 +276,4 @@ def op_flops(node: Any) -> float | None:
             return float(formula(*args, out_val=_shape_of(node.meta.get("val")), **kwargs))
         except Exception:
             pass
-    name = op_name(target)
-    if name.startswith("_scaled_dot_product"):  # (batch, heads, sequence, dim) layouts only
-        return _attention_flops(name, args)
-    return None
+    return _attention_flops(name, args) if sdpa else None
