@@ -220,25 +220,28 @@ def boundary_values(joint: Joint, execute: set[int]) -> list[int]:
 
 
 def _chains_layers(joint: Joint, saved: set[int], j: int) -> bool:
-    """Whether, without `j` saved, the backward recomputes `j`, with a matrix multiply, to feed
-    another layer's recomputation. The next layer's recomputed values then pull this one's, and so
-    on down the residual stream: Inductor fuses the chain of residual adds into one kernel, which
-    runs once every layer's recomputed projections are made, so all of them are live at once (the
-    walk's estimate schedules each value just before its first use and does not see it). A chain
-    over saved projections recomputes only pointwise ops, and holds nothing more."""
+    """Whether, without `j` saved, the backward recomputes matrix multiplies of two or more layers
+    to make `j`, which feeds another layer's recomputation: a chain down the residual stream.
+    Inductor fuses a chain of residual adds into one kernel, which runs once every layer's
+    recomputed projections are made, so all of them are live at once (the walk's estimate schedules
+    each value just before its first use and does not see it). One layer's boundary recomputed from
+    the saved boundary below it holds that layer's projections only, which the estimate sees; so
+    does a chain over saved projections, which recomputes pointwise ops only."""
     execute, _ = backward_needs(joint, saved)
     nodes = joint.nodes
     if j not in execute or not any(u in execute and joint.forward[u] and nodes[u].layer != nodes[j].layer
                                    for u in joint.users[j]):
         return False
-    seen, stack = set(), [j]
+    seen, stack, heavy = set(), [j], set()
     while stack:  # j's recomputation: the recomputed values it is made from
         k = stack.pop()
         if k in seen or k not in execute:
             continue
         seen.add(k)
         if nodes[k].kind == HEAVY:
-            return True
+            heavy.add(nodes[k].layer)
+            if len(heavy) > 1:
+                return True
         stack.extend(nodes[k].inputs)
     return False
 
@@ -274,12 +277,18 @@ def preferred(cand: Evaluation, best: Evaluation, stock: Evaluation, work: float
 
 
 def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fuse: bool = True,
-                 pinned: Sequence[int] = ()) -> SaveDecision:
+                 pinned: Sequence[int] = (), recompute_cap: float | None = None) -> SaveDecision:
     """The saved set: the stock one, made random-safe, with `pinned` values saved where the backward
-    would recompute them, and extended by layer boundaries where that pays."""
+    would recompute them, and extended by layer boundaries where that pays. A boundary is dropped
+    only while the plan's recomputation stays within `recompute_cap` (by default the stock set's
+    plus RECOMPUTE_ALLOWANCE of the step's work): a drop adds the boundary's recomputation, and
+    past the allowance `preferred` would refuse the whole set, where stopping short of it keeps
+    most of the gain (the bf16 GPT-2 at budget 0.10 on the H200: docs/benchmarks.md, session 17)."""
     t0 = time.perf_counter()
     stock_set = set(stock)
     stock_eval = evaluate(joint, stock_set, fuse)
+    if recompute_cap is None:
+        recompute_cap = stock_eval.recompute_cost + RECOMPUTE_ALLOWANCE * step_work(joint)
     evaluations = 1
     saved = set(stock_set)
     cut = _random_cut(joint, saved)
@@ -317,7 +326,7 @@ def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fu
                     continue
                 trial = evaluate(joint, saved - {j}, fuse)
                 evaluations += 1
-                if trial.peak < current.peak:
+                if trial.peak < current.peak and trial.recompute_cost <= recompute_cap:
                     saved.discard(j)
                     added.remove(j)
                     current = trial

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from memprof.remat.graph import HEAVY, INPUT, POINTWISE, RANDOM, REDUCTION, VIEW, Node, walk
@@ -148,24 +150,38 @@ def test_outputs_handed_to_a_loss_compiled_apart_bound_the_saved_set() -> None:
     decision = choose_saves(joint, [0, 1])
     assert decision.added == [] and decision.chosen.peak == stock.peak  # judged without the junction: 1810 "won"
     assert every.bw_peak == 1810 < stock.peak
-    # a small output (a loss in the same graph): the junction is no constraint, boundaries pay; each
-    # stays, as dropping it would chain the recomputation of one layer's matmul into the next's
+    # a small output (a loss in the same graph): the junction is no constraint, boundaries pay. A
+    # boundary goes only where its layer is recomputed from the saved boundary below it: no two
+    # neighbours go, which would chain one layer's recomputed matmul into the next's
     small, _ = _chain_joint(8)
-    assert [small.nodes[j].name for j in choose_saves(small, [0, 1]).added] == [f"h{i}" for i in range(1, 8)]
+    names = {n.name: i for i, n in enumerate(small.nodes)}
+    decision = choose_saves(small, [0, 1])
+    kept = {small.nodes[j].name for j in decision.added}
+    dropped = [i for i in range(1, 8) if f"h{i}" not in kept]
+    assert dropped and all(b - a > 1 for a, b in itertools.pairwise(dropped))
+    every = evaluate(small, {0, 1} | {names[f"h{i}"] for i in range(1, 8)})
+    assert decision.chosen.peak < every.peak and decision.chosen.recompute_cost == every.recompute_cost + 200
+    # each drop recomputes its boundary (one add here): a cap on recomputation stops the drops
+    capped = choose_saves(small, [0, 1], recompute_cap=every.recompute_cost + 100)
+    assert len(capped.added) == 6 and capped.chosen.recompute_cost == every.recompute_cost + 100
+    assert decision.chosen.peak <= capped.chosen.peak < every.peak
+    assert len(choose_saves(small, [0, 1], recompute_cap=every.recompute_cost).added) == 7
 
 
 def test_a_boundary_stays_where_dropping_it_chains_matmuls_across_layers() -> None:
-    """Without h2 saved, the backward recomputes h2 (with layer 1's matmul) to recompute layer 2's
-    values: down the residual stream, Inductor fuses such a chain into one kernel that holds every
-    layer's recomputed matmul at once, which the walk does not model. With layer 1's matmul saved,
-    h2 is recomputed by one add from saved values, and may go."""
+    """Without h1 and h2 saved, the backward recomputes h2 with layer 1's matmul from h1, itself
+    recomputed with layer 0's: down the residual stream, Inductor fuses such a chain into one kernel
+    that holds every layer's recomputed matmul at once, which the walk does not model. h2 alone
+    (h1 saved) is one layer's recomputation, which the walk does model; with layer 0's matmul
+    saved, h1 is one add from saved values, and the chain recomputes one layer's matmul only."""
     from memprof.remat.saves import _chains_layers
 
     joint, _ = _chain_joint(4)
     names = {n.name: i for i, n in enumerate(joint.nodes)}
     boundaries = {names[f"h{i}"] for i in range(1, 4)}
-    assert _chains_layers(joint, {0, 1} | boundaries - {names["h2"]}, names["h2"])
-    assert not _chains_layers(joint, {0, 1, names["mm1"]} | boundaries - {names["h2"]}, names["h2"])
+    assert not _chains_layers(joint, {0, 1} | boundaries - {names["h2"]}, names["h2"])
+    assert _chains_layers(joint, {0, 1} | boundaries - {names["h1"], names["h2"]}, names["h2"])
+    assert not _chains_layers(joint, {0, 1, names["mm0"]} | boundaries - {names["h1"], names["h2"]}, names["h2"])
     assert not _chains_layers(joint, {0, 1} | boundaries, names["h2"])  # (saved: nothing recomputes it)
 
 
