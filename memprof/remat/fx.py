@@ -34,7 +34,7 @@ from memprof.remat.graph import (
     walk,
 )
 from memprof.remat.report import RematReport
-from memprof.remat.saves import RECOMPUTE_ALLOWANCE, Joint, choose_saves, preferred, step_work
+from memprof.remat.saves import Joint, choose_saves, preferred, recompute_limit, step_work
 from memprof.remat.usesite import Program, rematerialize
 from memprof.torch_hooks.fx import (
     is_random_node,
@@ -231,7 +231,7 @@ class _SaveHook:
         seen = {frozenset(stock_idx)}
         tried = 0
         work = step_work(joint)
-        recompute_cap = own.stock.recompute_cost + RECOMPUTE_ALLOWANCE * work  # what `preferred` allows
+        recompute_cap = recompute_limit(own.stock, work)
         t_ladder = time.perf_counter()
         cap = max(30.0, 10 * self.time_limit)  # a guard for huge graphs (far above what the models measured take)
         around = [round(budget + step, 6) for step in self.ladder] + [round(budget * f, 6) for f in self.down]

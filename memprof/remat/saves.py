@@ -264,6 +264,11 @@ def step_work(joint: Joint) -> float:
     return sum(nd.cost for nd in joint.nodes)
 
 
+def recompute_limit(stock: Evaluation, work: float) -> float:
+    """The most recomputation a saved set may take: the stock plan's plus RECOMPUTE_ALLOWANCE × `work`."""
+    return stock.recompute_cost + RECOMPUTE_ALLOWANCE * work
+
+
 def preferred(cand: Evaluation, best: Evaluation, stock: Evaluation, work: float) -> bool:
     """Whether saved set `cand` replaces `best`: a lower estimated peak (a tie: less recomputation)
     at no more recomputation than the stock plan's, or a peak lower by MIN_GAIN for at most
@@ -273,7 +278,7 @@ def preferred(cand: Evaluation, best: Evaluation, stock: Evaluation, work: float
     extra = cand.recompute_cost - stock.recompute_cost
     if extra <= 0 or cand.recompute_cost <= best.recompute_cost:
         return True
-    return extra <= RECOMPUTE_ALLOWANCE * work and cand.peak <= (1.0 - MIN_GAIN) * best.peak
+    return cand.recompute_cost <= recompute_limit(stock, work) and cand.peak <= (1.0 - MIN_GAIN) * best.peak
 
 
 def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fuse: bool = True,
@@ -288,7 +293,7 @@ def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fu
     stock_set = set(stock)
     stock_eval = evaluate(joint, stock_set, fuse)
     if recompute_cap is None:
-        recompute_cap = stock_eval.recompute_cost + RECOMPUTE_ALLOWANCE * step_work(joint)
+        recompute_cap = recompute_limit(stock_eval, step_work(joint))
     evaluations = 1
     saved = set(stock_set)
     cut = _random_cut(joint, saved)
