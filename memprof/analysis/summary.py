@@ -301,8 +301,9 @@ def rng_warnings(cap: Capture) -> list[str]:
                 f"compiled graph {p.index} ({p.backend}, activation_memory_budget={p.budget:g}) recomputes "
                 f"{len(p.recomputed_random)} random op(s) in the backward: {names}. The backward draws "
                 "fresh random numbers, so dropout masks differ from the forward's and the gradients are "
-                "silently wrong (pytorch/pytorch#190758). memprof's remat pass saves the dropout masks instead "
-                "at any budget (memprof trace --remat light, or memprof.remat.enable(\"light\")); otherwise use "
+                "silently wrong (pytorch/pytorch#190758). memprof's remat pass saves the random values instead "
+                "(Inductor's seeds: a few bytes; with fallback_random, the masks) at any budget "
+                "(memprof trace --remat light, or memprof.remat.enable(\"light\")); otherwise use "
                 "budget 1.0 for models with dropout, or set torch._functorch.config.functionalize_rng_ops=True "
                 "(CUDA)."
             )

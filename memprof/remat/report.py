@@ -23,7 +23,7 @@ class RematReport:
     junction_estimate: int | None = None  # saved + outputs + their gradients (between forward and backward)
     saved_added: list[str] = field(default_factory=list)  # layer-boundary values now saved
     random_saved: list[str] = field(default_factory=list)  # saved so that no random op is recomputed
-    random_saved_bytes: int = 0  # what saving them costs (dropout masks and the like)
+    random_saved_bytes: int = 0  # what saving them costs (Inductor's seeds: bytes; else dropout masks)
     masks_saved: list[str] = field(default_factory=list)  # attention masks saved so Inductor keeps them broadcast
     stock_random_recomputed: int | None = None  # random ops the stock plan's backward would redraw
     stock_saved_bytes: int | None = None

@@ -9,7 +9,9 @@ the backward holds all of it: the "less budget, more memory" peak.
 `choose_saves` starts from the stock saved set and
 1. cuts every random op out of the backward's recomputation: it saves the random value, or
    its cheapest set of consumers (a dropout's boolean mask), so the backward never redraws
-   randomness (upstream #190758) and no random op is duplicated;
+   randomness (upstream #190758) and no random op is duplicated. Under Inductor the random op is
+   the graph's tensor of seeds, so the cut saves a few bytes and the backward recomputes each mask
+   from its seed, fused (`torch_hooks.fx.RANDOM_OPS`);
 2. saves the masks whose expansion feeds a kernel that Inductor hands dense inputs (`pinned`,
    found by the FX adapter: the attention bias of the CUDA efficient-attention backward). Computed
    in the backward, the expanded view of an unrealized mask is copied dense once (B x H x L x L,

@@ -129,7 +129,7 @@ def render_findings(sweep: Sweep) -> str:
         if rnd:
             out.append(f"{name}: the backward redraws random ops at budget(s) "
                        f"{', '.join(f'{b:g} ({n})' for b, n in rnd)}: fresh dropout masks, wrong gradients "
-                       f"(pytorch#190758; `--remat light` saves the masks instead)")
+                       f"(pytorch#190758; `--remat light` saves the random seeds or masks instead)")
         scores = sweep.estimator_scores(v)
         for est, sc in scores.items():
             if not sc["budgets"] or all(sc[k] is None for k in ("spearman", "median_error", "max_error")):

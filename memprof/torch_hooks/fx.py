@@ -10,12 +10,17 @@ from typing import Any
 
 from memprof.plans import module_path
 
+# Ops that draw from a generator. Inductor's own random numbers are drawn once per graph call, as a
+# tensor of seeds (`inductor_seeds`); `inductor_lookup_seed` and `inductor_random` are pure functions
+# of a seed and an element's index (philox, fused into the consuming kernel), so a backward that
+# recomputes them from the forward's seeds makes the forward's very numbers: only the seeds are
+# random here, and saving them (a few bytes) replays every dropout mask of the graph.
 RANDOM_OPS = re.compile(
     r"^(rand|randn|randint|rand_like|randn_like|randint_like|randperm|bernoulli_?|normal_?|uniform_?|"
     r"exponential_?|geometric_?|cauchy_?|log_normal_?|multinomial|poisson|native_dropout|dropout|"
-    r"feature_dropout|alpha_dropout|inductor_random|inductor_seeds|inductor_lookup_seed|philox_rand|"
-    r"run_and_save_rng_state)$"
+    r"feature_dropout|alpha_dropout|inductor_seeds?|philox_rand|run_and_save_rng_state)$"
 )
+SEEDED_OPS = frozenset({"inductor_random", "inductor_randint", "inductor_lookup_seed"})
 
 
 def op_name(target: Any) -> str:
@@ -33,7 +38,7 @@ def is_random_node(node: Any) -> bool:
     if node.op != "call_function":
         return False
     name = op_name(node.target)
-    if name == "run_with_rng_state":  # replays saved RNG state: deterministic
+    if name in ("run_with_rng_state", "graphsafe_run_with_rng_state"):  # replays saved RNG state
         return False
     if RANDOM_OPS.match(name):
         return True
@@ -49,6 +54,12 @@ def is_random_node(node: Any) -> bool:
                 return not (isinstance(p, (int, float)) and p == 0)
         return True
     return False
+
+
+def is_random_valued(node: Any) -> bool:
+    """Whether an FX node's value is random numbers: drawn (`is_random_node`) or made from a drawn
+    seed (Inductor's `inductor_random`, recomputable without a redraw)."""
+    return is_random_node(node) or (node.op == "call_function" and op_name(node.target) in SEEDED_OPS)
 
 
 def size_hint(x: Any) -> int | None:

@@ -24,7 +24,7 @@ from memprof.errors import one_line
 from memprof.graph_store import GraphRecord, GraphStore, PairRecord
 from memprof.plans import CompiledGraph, FxGraph, FxNode, Plan, RecomputedNode
 from memprof.torch_hooks import inductor, partition
-from memprof.torch_hooks.fx import call_spec, is_random_node, item_sizes, node_module_path, value_info
+from memprof.torch_hooks.fx import call_spec, is_random_node, is_random_valued, item_sizes, node_module_path, value_info
 from memprof.torch_hooks.known_tensors import KnownTensorRecorder
 from memprof.torch_hooks.patch import Patches
 
@@ -47,6 +47,7 @@ def _is_mask(node: Any, random: set[str]) -> bool:
 def fx_graph(gm: Any) -> FxGraph:
     """Plain-data copy of a GraphModule's nodes (taken before Inductor's passes mutate it)."""
     random = {n.name for n in gm.graph.nodes if is_random_node(n)}
+    random_valued = {n.name for n in gm.graph.nodes if is_random_valued(n)}  # what a mask compares
     # ops Inductor will run as fallback kernels (their scratch memory is invisible in its wrapper)
     lowering = sys.modules.get("torch._inductor.lowering")
     fallbacks = getattr(lowering, "fallbacks", ())
@@ -58,7 +59,7 @@ def fx_graph(gm: Any) -> FxGraph:
             name=n.name, op=n.op, target=str(n.target) if n.op != "placeholder" else "",
             shape=shape, dtype=dtype, bytes=nbytes, size_expr=size_expr, users=[u.name for u in n.users],
             module_path=node_module_path(n), source=str(getattr(sources[0], "name", "")) if sources else "",
-            random=n.name in random, mask=dtype == "bool" and n.op == "call_function" and _is_mask(n, random),
+            random=n.name in random, mask=dtype == "bool" and n.op == "call_function" and _is_mask(n, random_valued),
             call=call_spec(n) if n.op == "call_function" and n.target in fallbacks else "",
             items=item_sizes(n.meta.get("val")) if n.op == "call_function" else [],
         ))

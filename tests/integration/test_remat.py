@@ -115,9 +115,12 @@ def test_dropout_model_equals_budget_one_with_the_same_masks(budget: float, bert
     g, reports = _compiled(copy.deepcopy(model), budget, "light", x, seed=1234)
     assert _rel(g, ref) <= 1e-5
     r = reports[0]
-    assert r.random_saved and r.random_saved_bytes > 0  # the random values are saved, not redrawn
-    assert r.stock_random_recomputed  # ... where the stock plan would have redrawn them
+    # Inductor draws a graph's random numbers as one tensor of seeds; saving it replays every mask
+    assert r.random_saved and 0 < r.random_saved_bytes <= 8 * 64
     assert r.random_after == 0 and (r.random_before or 0) == 0  # no random op left in the backward
+    # the stock plan's count of random ops it recomputes says whether its gradients are redrawn
+    print(f"budget {budget}: stock {_rel(stock, ref):.2e} from budget 1.0, {r.stock_random_recomputed} redrawn")
+    assert bool(r.stock_random_recomputed) == (_rel(stock, ref) > 1e-3)
     if budget == 0.0:  # the stock plan redraws dropout in the backward (pytorch#190758): this test can fail
         assert _rel(stock, ref) > 1e-3
 
