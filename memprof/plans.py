@@ -81,7 +81,7 @@ class Plan:
     recompute_sites: list[RecomputedNode]  # where the backward defines each and first/last uses it
     random_ops: list[str]  # random forward nodes
     recomputed_random: list[str]  # random nodes that the backward runs again (fresh randomness)
-    masks: list[str]  # boolean dropout masks (forward node names), saved or recomputed
+    masks: list[str]  # dropout masks and the random numbers made from a seed (forward node names), saved or recomputed
     status: str = "ok"  # "ok", or why the stock partitioner ran instead of memprof's wrapper
     notes: list[str] = field(default_factory=list)
     remat: dict[str, Any] | None = None  # what memprof's remat pass did (RematReport.to_json()), if it ran

@@ -59,7 +59,10 @@ def fx_graph(gm: Any) -> FxGraph:
             name=n.name, op=n.op, target=str(n.target) if n.op != "placeholder" else "",
             shape=shape, dtype=dtype, bytes=nbytes, size_expr=size_expr, users=[u.name for u in n.users],
             module_path=node_module_path(n), source=str(getattr(sources[0], "name", "")) if sources else "",
-            random=n.name in random, mask=dtype == "bool" and n.op == "call_function" and _is_mask(n, random_valued),
+            random=n.name in random,
+            # a dropout mask, or the random numbers it compares (a value made from a seed: its category)
+            mask=n.op == "call_function" and ((dtype == "bool" and _is_mask(n, random_valued))
+                                              or (n.name in random_valued and n.name not in random)),
             call=call_spec(n) if n.op == "call_function" and n.target in fallbacks else "",
             items=item_sizes(n.meta.get("val")) if n.op == "call_function" else [],
         ))
