@@ -348,7 +348,7 @@ def table(rows: list[dict[str, Any]], modes: list[str]) -> str:
     for m in modes:
         head += f" {m} MB (×stock) | {m} ms (×stock) | {m} GPU ms (×stock) | {m} ≤ stock at ≥budget |"
         sep += "---|---|---|---|"
-    head += " grad rel L2 (stock / " + " / ".join(modes) + ") | compile s (stock / pass added) | masks saved MB |"
+    head += " grad rel L2 (stock / " + " / ".join(modes) + ") | compile s (stock / pass added) | random saved MB |"
     lines = [head, sep + "---|---|---|"]
     for b in sorted(k for k in by_budget if k >= 0):
         v = by_budget[b]
