@@ -14,6 +14,7 @@ memprof capture is refused with a one-line CaptureFileError.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import zipfile
@@ -26,6 +27,7 @@ import numpy as np
 
 from memprof._events import EVENT_DTYPE, FLAG_CARRIED, CarriedBlock, Events, EventsBuilder, Kind, kind_mask
 from memprof.capture_info import conform, meta_problem
+from memprof.deflate import Deflated, write_deflated
 from memprof.errors import CaptureFileError
 from memprof.event_checks import check_events, check_fits
 from memprof.inflate import member_pieces
@@ -45,6 +47,8 @@ class EventSource(Protocol):
     def chunks(self) -> Iterator[np.ndarray]: ...
 
     def read(self) -> Events: ...
+
+    def deflated(self) -> Deflated | None: ...
 
 
 class Parts(NamedTuple):
@@ -89,9 +93,14 @@ def save(cap: Parts, path: Path, overwrite: bool = True) -> Path:
 
 def _write_events(member: IO[bytes], raw: Events | EventSource) -> None:
     """events.npy: the header numpy would write for the array, then the records a chunk at a time
-    (never one copy of them all)."""
+    (never one copy of them all), or their bytes as the source deflated them while the capture ran."""
+    head = io.BytesIO()
     header = np.lib.format.header_data_from_array_1_0(np.empty(0, dtype=EVENT_DTYPE))
-    np.lib.format.write_array_header_1_0(member, {**header, "shape": (len(raw),)})
+    np.lib.format.write_array_header_1_0(head, {**header, "shape": (len(raw),)})
+    deflated = None if isinstance(raw, Events) else raw.deflated()
+    if deflated is not None and write_deflated(member, head.getvalue(), deflated):
+        return
+    member.write(head.getvalue())
     written = 0
     for chunk in raw.chunks():
         member.write(np.ascontiguousarray(chunk).view(np.uint8).data)

@@ -8,7 +8,9 @@ The file: `MAGIC`, then records of one type byte, an 8-byte little-endian length
 `S` strings (JSON list: the next ids), `T` the thread table (JSON), `P` compile plans, graphs
 (with their wrapper source) and known tensors recorded since the last `P` (JSON), `C` where the
 blocks carried into a step window or a ring were allocated (JSON, `CarriedBlock`s; the last one
-holds). A record the kill cut short is ignored. The file is fsynced at least every half second: a
+holds), `Z` the events deflated so far, as the capture file will hold them (`memprof.deflate`: the
+save copies them; a spill read back after a kill ignores them). A record the kill cut short is
+ignored. The file is fsynced at least every half second: a
 machine crash keeps what was written before the last interval.
 
 A spill is locked (`flock`) by the process that writes it, for as long as that process lives: a
@@ -37,10 +39,17 @@ import numpy as np
 from memprof._events import EVENT_DTYPE, CarriedBlock
 from memprof._native import thread_table
 from memprof.console import say
+from memprof.deflate import StreamDeflater
 from memprof.errors import CaptureFileError, MemprofError, one_line
 from memprof.spill_read import HEAD, MAGIC, SpilledEvents, index_records, try_lock
 
 RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
+# the spill deflates its events as it writes them (the save then copies them) only where the process
+# may run on this many cores: on fewer, the deflate thread competes with the script (on 2 cores
+# `memprof trace` ran 4% longer with it; docs/benchmarks.md, session 19). The variable sets it either
+# way (1 or 0): core counts do not show a container's CPU quota
+DEFLATE_MIN_CPUS = 4
+DEFLATE_ENV = "MEMPROF_DEFLATE_WHILE_RUNNING"
 SYNC_EVERY_S = 0.5  # a write fsyncs the file once this long has passed since the last fsync
 
 
@@ -131,6 +140,15 @@ def claim(path: Path, replace: bool = False) -> int:
             tmp.unlink()
 
 
+def deflates_while_running() -> bool:
+    """Whether a spill made now deflates its events as it writes them (`DEFLATE_ENV`, else the cores)."""
+    said = os.environ.get(DEFLATE_ENV, "").strip()
+    if said in ("0", "1"):
+        return said == "1"
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return cpus >= DEFLATE_MIN_CPUS
+
+
 class SpillWriter:
     """Copies what the native session records to the spill (`flush`, called by the capture's thread
     every half second and when the native store fills: `memprof.background`).
@@ -150,6 +168,8 @@ class SpillWriter:
         self._compiled: tuple[tuple[int, ...], bytes] = ((), b"")
         self.threads: list[dict[str, object]] = []
         self.failed = False
+        # the events on file, deflated as they are written (not for a ring, whose file is written anew)
+        self.deflater = None if ring or not deflates_while_running() else StreamDeflater()
         self._synced = time.monotonic()
         self._lock = threading.Lock()
         self._meta = json.dumps(meta, default=str).encode()
@@ -186,6 +206,7 @@ class SpillWriter:
         """The spill failed: the store keeps what comes from here on in memory, bounded (events past the
         bound are counted as dropped, and the capture says where). Returns how many more it keeps."""
         self.failed = True
+        self.deflater = None  # (its output may be missing from the file: the save deflates the events)
         C = self.native
         bound = min(int(C.max_events()), int(C.event_count()) + self.bound_on_failure)
         C.set_max_events(bound)
@@ -269,6 +290,8 @@ class SpillWriter:
             self._events_records(data)
         elif want and C.spill_events(self._fd, self.events, want) != want:
             raise OSError(f"the event store held fewer than the {want:,} events it counted")
+        elif want and self.deflater is not None:
+            self._deflate(want)
         written = self.events + want
         threads = thread_table()
         if threads != self.threads:
@@ -297,6 +320,19 @@ class SpillWriter:
         C.release_events_before(written)
         return True
 
+    def _deflate(self, want: int) -> None:
+        """Deflate the events just written (copied from the store, which still holds them) and append
+        what the stream has ready: on this thread, beside the script, rather than in the save."""
+        for at in range(self.events, self.events + want, RECORD_EVENTS):  # (a record's worth copied at a time)
+            take = min(RECORD_EVENTS, self.events + want - at)
+            data = self.native.events_range(at, take)
+            if self.deflater is None or len(data) != take * EVENT_DTYPE.itemsize:
+                self.deflater = None
+                return
+            packed = self.deflater.feed(memoryview(data))
+            if packed:
+                self._record(b"Z", packed)
+
     def session_events(self) -> np.ndarray | SpilledEvents:
         """Every event of the session once it stopped: where the native store freed some (the spill
         holds those), the spill's events where they lie and the store's tail copied
@@ -306,7 +342,7 @@ class SpillWriter:
         if not C.released_events():
             return np.asarray(C.events()).view(EVENT_DTYPE)
         tail = np.asarray(C.events_range(self.events, max(int(C.event_count()) - self.events, 0))).view(EVENT_DTYPE)
-        return SpilledEvents(self.path, self.events, tail)
+        return SpilledEvents(self.path, self.events, tail, self.deflater)
 
     def close(self) -> None:
         """Write what is left and close the file (it stays until the capture is saved). The lock goes

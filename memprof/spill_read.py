@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from memprof._events import EVENT_DTYPE, Events, Kind
+from memprof.deflate import Deflated, StreamDeflater
 from memprof.errors import CaptureFileError
 from memprof.event_checks import check_fits
 from memprof.fileformat import Parts, checked, loads_json
@@ -63,18 +64,22 @@ def read_into(f: io.BufferedReader, out: np.ndarray, parts: list[tuple[int, int]
     """Read the first `n` events of `parts` straight into the start of `out`, at their offsets
     (`pread`: the descriptor's position is not used, so two threads may read one spill at once)."""
     flat, at, end = memoryview(out.view(np.uint8)), 0, n * EVENT_DTYPE.itemsize  # type: ignore[arg-type]
-    fd = f.fileno()
     for offset, length in parts:
         take = min(length, end - at)
         if take <= 0:
             break
-        done = 0
-        while done < take:  # (one call reads at most about 2 GB)
-            got = os.preadv(fd, [flat[at + done : at + take]], offset + done)
-            if got <= 0:
-                raise CaptureFileError(f"{f.name}: the spill changed while it was read")
-            done += got
+        pread_exactly(f, flat[at : at + take], offset)
         at += take
+
+
+def pread_exactly(f: io.BufferedReader, view: memoryview, offset: int) -> None:
+    """Fill `view` with the file's bytes from `offset` (`pread`, as `read_into`)."""
+    done, fd = 0, f.fileno()
+    while done < len(view):  # (one call reads at most about 2 GB)
+        got = os.preadv(fd, [view[done:]], offset + done)
+        if got <= 0:
+            raise CaptureFileError(f"{f.name}: the spill changed while it was read")
+        done += got
 
 
 class SpilledEvents:
@@ -85,11 +90,17 @@ class SpilledEvents:
     the analysis needs. Both read at offsets, so the save and the summary may read at once, on two
     threads; the descriptor closes with this object (or `close`)."""
 
-    def __init__(self, path: Path, written: int, tail: np.ndarray) -> None:
+    def __init__(self, path: Path, written: int, tail: np.ndarray, deflater: StreamDeflater | None = None) -> None:
         self._f: io.BufferedReader | None = open(path, "rb")  # noqa: SIM115  (held open on purpose)
-        self._parts = event_parts(index_records(self._f, path))
+        records = index_records(self._f, path)
+        self._parts = event_parts(records)
         self.head = min(event_count(self._parts), written)
         self.tail = tail
+        # the spill's deflated events (`Z` records) with the stream that made them, where they are
+        # exactly the head's events: then `deflated` gives the file's stream without deflating again
+        exact = deflater is not None and deflater.size == self.head * EVENT_DTYPE.itemsize
+        self._deflater = deflater if exact else None
+        self._packed = [(at, n) for kind, at, n in records if kind == b"Z"]
 
     def __len__(self) -> int:
         return self.head + len(self.tail)
@@ -111,6 +122,23 @@ class SpilledEvents:
             yield out
         if len(self.tail):
             yield self.tail
+
+    def deflated(self) -> Deflated | None:
+        """Every event's bytes deflated as a zip member holds them (the spill's `Z` records, then the
+        tail's), where the spill deflated them as it wrote them; else None."""
+        if self._deflater is None:
+            return None
+        f = self._file()
+        end = self._deflater.end(memoryview(np.ascontiguousarray(self.tail).view(np.uint8)))  # type: ignore[arg-type]
+
+        def pieces() -> Iterator[bytes | bytearray]:
+            for at, n in self._packed:
+                out = bytearray(n)
+                pread_exactly(f, memoryview(out), at)
+                yield out
+            yield end
+
+        return Deflated(pieces(), self._deflater.crc, self._deflater.size)
 
     def read(self) -> Events:
         """Every event, in columns (`Events`: a chunk in memory at a time beside them)."""
@@ -144,7 +172,7 @@ def _parts(f: io.BufferedReader, records: list[Record], path: Path, live: bool =
     carried: Any = []
     sources: dict[str, str] = {}
     for kind, at, length in records:
-        if kind == b"E":
+        if kind in (b"E", b"Z"):  # (the deflated events are of no use without the stream's state)
             continue
         f.seek(at)
         value = loads_json(f.read(length), f"spill record {kind.decode(errors='replace')}", path)

@@ -25,6 +25,10 @@ import time
 import zipfile
 from pathlib import Path
 
+from memprof.spill import DEFLATE_ENV, deflates_while_running
+
+DEFAULT = int(deflates_while_running())  # (on this machine, with no variable set)
+
 SCRIPT = '''\
 import json, os, sys, time
 import torch
@@ -64,9 +68,12 @@ print("BENCH " + json.dumps(out), flush=True)
 '''
 
 
-def run(cmd: list[str], cwd: Path) -> dict[str, float]:
+def run(cmd: list[str], cwd: Path, deflate: str = "") -> dict[str, float]:
+    """One process of `cmd`; `deflate` "1" or "0" sets whether the spill deflates while the script runs
+    (`memprof.spill.DEFLATE_ENV`; "" leaves it to the core count)."""
+    env = {k: v for k, v in os.environ.items() if k != DEFLATE_ENV} | ({DEFLATE_ENV: deflate} if deflate else {})
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     out = proc.stdout.read() if proc.stdout else ""
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0
@@ -98,19 +105,23 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         (d / "loop.py").write_text(SCRIPT)
-        variants = {
-            "plain": [py, "loop.py", n, "plain"],
-            "trace": [py, "-m", "memprof", "trace", "loop.py", n, "plain", "-o", "t.memprof", "--force"],
-            "trace --scopes none": [py, "-m", "memprof", "trace", "--scopes", "none", "loop.py", n, "plain",
-                                    "-o", "n.memprof", "--force"],
+        trace = [py, "-m", "memprof", "trace"]
+        variants = {  # (command, deflate while running)
+            "plain": ([py, "loop.py", n, "plain"], ""),
+            "trace": ([*trace, "loop.py", n, "plain", "-o", "t.memprof", "--force"], ""),
+            f"trace, {DEFLATE_ENV[8:].lower()}={1 - DEFAULT}": (
+                [*trace, "loop.py", n, "plain", "-o", "o.memprof", "--force"], str(1 - DEFAULT)),
+            "trace --scopes none": ([*trace, "--scopes", "none", "loop.py", n, "plain", "-o", "n.memprof", "--force"],
+                                    ""),
         }
         runs: dict[str, list[dict[str, float]]] = {v: [] for v in variants}
         names = list(variants)
         for r in range(args.rounds):
             for v in names[r % len(names):] + names[: r % len(names)]:
-                runs[v].append(run(variants[v], d))
-        events = {"trace": kept(d / "t.memprof"), "trace --scopes none": kept(d / "n.memprof")}
-        saves = [run([py, "loop.py", n, "api", "a.memprof"], d) for _ in range(args.rounds)]
+                runs[v].append(run(variants[v][0], d, variants[v][1]))
+        events = {v: kept(d / variants[v][0][-2]) for v in names[1:]}
+        saves = {flag: [run([py, "loop.py", n, "api", "a.memprof"], d, flag) for _ in range(args.rounds)]
+                 for flag in ("1", "0")}
         reports = []
         for _ in range(args.rounds):
             t0 = time.perf_counter()
@@ -121,18 +132,21 @@ def main() -> None:
             reports.append((time.perf_counter() - t0, usage.ru_maxrss * 1024))
     med = {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for v, rs in runs.items()}
     plain = med["plain"]
-    print(f"torch {__import__('torch').__version__}; {args.iterations:,} iterations, {args.rounds} rounds (medians)")
-    print(f"{'variant':<20} {'loop s':>7} {'ratio':>6} {'process s':>9} {'ratio':>6} {'peak MB':>8} "
+    print(f"torch {__import__('torch').__version__}; {args.iterations:,} iterations, {args.rounds} rounds (medians); "
+          f"{len(os.sched_getaffinity(0))} cores: the spill deflates "
+          f"{'while the script runs' if DEFAULT else 'at the save'} by default")
+    print(f"{'variant':<30} {'loop s':>7} {'ratio':>6} {'process s':>9} {'ratio':>6} {'peak MB':>8} "
           f"{'rise in loop MB':>15} {'events':>11} {'dropped':>8}")
     for v, m in med.items():
         kept_n, dropped = events.get(v, (0, 0))
-        print(f"{v:<20} {m['loop_s']:>7.2f} {m['loop_s'] / plain['loop_s']:>6.2f} {m['wall_s']:>9.2f} "
+        print(f"{v:<30} {m['loop_s']:>7.2f} {m['loop_s'] / plain['loop_s']:>6.2f} {m['wall_s']:>9.2f} "
               f"{m['wall_s'] / plain['wall_s']:>6.2f} {m['maxrss'] / 1e6:>8.0f} {m['rise'] / 1e6:>15.1f} "
               f"{kept_n if v != 'plain' else 0:>11,} {dropped:>8,}")
-    save_s = statistics.median(s["save_s"] for s in saves)
-    above = statistics.median(s["save_above"] for s in saves)
-    print(f"save (memprof.capture(output=...), loop end to file): {save_s:.2f} s, peak {above / 1e6:.0f} MB above "
-          "the running process")
+    for flag, runs_ in saves.items():
+        save_s = statistics.median(s["save_s"] for s in runs_)
+        above = statistics.median(s["save_above"] for s in runs_)
+        print(f"save (memprof.capture(output=...), loop end to file), {DEFLATE_ENV}={flag}: {save_s:.2f} s, peak "
+              f"{above / 1e6:.0f} MB above the running process")
     rep_s, rep_rss = statistics.median(r[0] for r in reports), statistics.median(r[1] for r in reports)
     print(f"memprof report on the trace's capture ({events['trace'][0]:,} events): {rep_s:.2f} s, "
           f"peak {rep_rss / 1e6:.0f} MB")

@@ -195,3 +195,58 @@ def test_what_runs_beside_the_save_reads_the_events_as_the_save_writes_them(tmp_
     saved = memprof.load(tmp_path / "run.memprof")
     assert np.array_equal(saved.raw, cap.raw)
     assert not (tmp_path / "run.memprof.spill").exists()
+
+
+def test_the_save_copies_the_events_the_spill_deflated_while_the_script_ran(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spill deflates the events it writes, beside the script (its `Z` records): the save copies that
+    stream after the array's header instead of deflating the events again, and the file holds every
+    event, the tail the store kept after the last write included, under zipfile's own CRC check. A ring,
+    whose spill is written anew, and a process with few cores (where deflating beside the script would
+    slow it) deflate at the save."""
+    import zipfile
+
+    import torch
+
+    from memprof import deflate, fileformat, recorder, spill
+    from memprof.spill_read import index_records
+
+    used: list[bool] = []
+
+    def spy(member: object, head: bytes, body: deflate.Deflated) -> bool:
+        used.append(deflate.write_deflated(member, head, body))  # type: ignore[arg-type]
+        return used[-1]
+
+    monkeypatch.setattr(fileformat, "write_deflated", spy)
+    monkeypatch.setattr(spill, "DEFLATE_MIN_CPUS", 1)
+    with memprof.capture(output=tmp_path / "run.memprof") as cap:
+        for _ in range(60_000):
+            torch.empty(8)
+        time.sleep(0.6)  # a flush of the spill
+        rec = recorder.current()
+        assert rec is not None and rec.spill is not None
+        with open(rec.spill.path, "rb") as f:
+            kinds = [kind for kind, _at, _n in index_records(f, rec.spill.path)]
+        for _ in range(3_000):  # the tail: still in the store when the capture stops
+            torch.empty(8)
+    assert b"Z" in kinds and used == [True]
+    with zipfile.ZipFile(tmp_path / "run.memprof") as zf:
+        assert zf.testzip() is None
+    saved = memprof.load(tmp_path / "run.memprof")
+    assert len(cap.raw) >= 252_000 and np.array_equal(saved.raw, cap.raw)
+
+    used.clear()
+    with memprof.capture(output=tmp_path / "ring.memprof", keep_last=1) as ring:
+        for _ in range(3):
+            for _ in range(20_000):
+                torch.empty(8)
+            memprof.step()
+            time.sleep(0.6)
+    assert used == [] and np.array_equal(memprof.load(tmp_path / "ring.memprof").raw, ring.raw)
+
+    monkeypatch.setattr(spill, "DEFLATE_MIN_CPUS", 10_000)
+    with memprof.capture(output=tmp_path / "few.memprof") as few:
+        for _ in range(60_000):
+            torch.empty(8)
+        time.sleep(0.6)
+    assert used == [] and np.array_equal(memprof.load(tmp_path / "few.memprof").raw, few.raw)
