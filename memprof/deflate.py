@@ -40,22 +40,14 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     operator of one zero bit, then xor-ed with `crc2`)."""
     if len2 <= 0:  # (B is empty: its CRC is 0)
         return crc1
-    odd = [_POLY] + [1 << n for n in range(31)]  # the operator for one zero bit
-    even = _gf2_square(odd)  # two zero bits
-    odd = _gf2_square(even)  # four
-    while True:  # apply len2 zero bytes: the operator for one byte (eight bits) first, squared on
-        even = _gf2_square(odd)
+    op = [_POLY] + [1 << n for n in range(31)]  # the operator for one zero bit
+    for _ in range(3):  # squared three times: for one zero byte
+        op = _gf2_square(op)
+    while len2:  # the operator for 2**k zero bytes, applied where bit k of len2 is set
         if len2 & 1:
-            crc1 = _gf2_times(even, crc1)
+            crc1 = _gf2_times(op, crc1)
         len2 >>= 1
-        if not len2:
-            break
-        odd = _gf2_square(even)
-        if len2 & 1:
-            crc1 = _gf2_times(odd, crc1)
-        len2 >>= 1
-        if not len2:
-            break
+        op = _gf2_square(op)
     return crc1 ^ crc2
 
 
