@@ -7,7 +7,9 @@
 #include <c10/util/flat_hash_map.h>
 #include <torch/csrc/profiler/orchestration/observer.h>
 
+#include <array>
 #include <atomic>
+#include <cstring>
 #include <deque>
 #include <mutex>
 #include <stdexcept>
@@ -74,13 +76,26 @@ struct ThreadState {
   int64_t pending_requested = -1;
   uint64_t pending_stream = 0;
   uint32_t thread_index = 0;  // current_thread_index(), kept here: one thread-local lookup an event
+  // The last scope name seen at each of a few addresses, with its id: RecordFunction names an
+  // op by its schema's string, at one address for the process, so a scope's name is found by its
+  // address and one strcmp against the copy kept (which also catches an address reused for another
+  // name), where hashing the whole name and comparing it in the cache cost as much as the clock.
+  struct NameSlot {
+    const char* address = nullptr;
+    const char* copy = nullptr;  // the name as interned (ts.owned), NUL-terminated
+    uint32_t id = 0;
+  };
+  static constexpr size_t kNameSlots = 256;
+  std::array<NameSlot, kNameSlots> by_address{};
 };
 
 // (constant-initialized, unlike a function's thread_local with an initializer: no guard to check on
 // each access, which in a shared library is one more __tls_get_addr call)
 thread_local ThreadState* t_state = nullptr;
 
-ThreadState& thread_state(const Session* s) {
+// A thread's first event, or its first of a new capture (kept out of line: the path every event
+// takes stays a load and a compare).
+[[gnu::noinline]] ThreadState& new_thread_state(const Session* s) {
   ThreadState* ts = t_state;
   if (ts == nullptr) {
     ts = new ThreadState();
@@ -92,17 +107,33 @@ ThreadState& thread_state(const Session* s) {
     ts->stack.clear();
     ts->cache.clear();
     ts->owned.clear();
+    ts->by_address.fill(ThreadState::NameSlot{});
     ts->pending_valid = false;
   }
   return *ts;
 }
 
-uint32_t intern_cached(Session* s, ThreadState& ts, std::string_view sv) {
+inline ThreadState& thread_state(const Session* s) {
+  ThreadState* ts = t_state;
+  if (ts != nullptr && ts->generation == s->generation) return *ts;
+  return new_thread_state(s);
+}
+
+// The id of a scope name, and the thread's copy of it (NUL-terminated, kept for the capture).
+std::pair<uint32_t, const char*> intern_cached(Session* s, ThreadState& ts, std::string_view sv) {
   auto it = ts.cache.find(sv);
-  if (it != ts.cache.end()) return it->second;
+  if (it != ts.cache.end()) return {it->second, it->first.data()};
   const uint32_t id = s->strings.intern(sv);
   ts.owned.emplace_back(sv);
   ts.cache.emplace(std::string_view(ts.owned.back()), id);
+  return {id, ts.owned.back().c_str()};
+}
+
+uint32_t scope_id(Session* s, ThreadState& ts, const char* name) {
+  auto& slot = ts.by_address[(reinterpret_cast<uintptr_t>(name) >> 3) % ThreadState::kNameSlots];
+  if (slot.address == name && std::strcmp(slot.copy, name) == 0) return slot.id;
+  const auto [id, copy] = intern_cached(s, ts, name);
+  slot = ThreadState::NameSlot{name, copy, id};
   return id;
 }
 
@@ -333,9 +364,7 @@ void uninstall_cpu_wrapper() {
 
 // A scope's begin or end on the calling thread, whoever opened it (RecordFunction, or memprof itself in
 // a quiet stretch: quiet_scope).
-void record_scope(Session* s, std::string_view name, bool begin) {
-  ThreadState& ts = thread_state(s);
-  const uint32_t id = intern_cached(s, ts, name);
+void record_scope(Session* s, ThreadState& ts, uint32_t id, bool begin) {
   if (begin) {
     Event e = make_event(kScopeBegin, ts);
     e.scope = id;
@@ -356,16 +385,20 @@ void record_scope(Session* s, std::string_view name, bool begin) {
   }
 }
 
-std::unique_ptr<at::ObserverContext> on_scope_enter(const at::RecordFunction& fn) {
+void on_scope(const at::RecordFunction& fn, bool begin) {
   Session* s = g_active.load(std::memory_order_acquire);
-  if (s != nullptr) record_scope(s, fn.name() ? fn.name() : "", true);
+  if (s == nullptr) return;
+  ThreadState& ts = thread_state(s);
+  const char* name = fn.name();
+  record_scope(s, ts, scope_id(s, ts, name != nullptr ? name : ""), begin);
+}
+
+std::unique_ptr<at::ObserverContext> on_scope_enter(const at::RecordFunction& fn) {
+  on_scope(fn, true);
   return nullptr;
 }
 
-void on_scope_exit(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) {
-  Session* s = g_active.load(std::memory_order_acquire);
-  if (s != nullptr) record_scope(s, fn.name() ? fn.name() : "", false);
-}
+void on_scope_exit(const at::RecordFunction& fn, at::ObserverContext* /*ctx*/) { on_scope(fn, false); }
 
 // The callback this thread switched off (0: none): a capture that stopped meanwhile took its handle
 // with it, and a new one's is not this thread's to switch back on.
@@ -488,6 +521,7 @@ void start_capture(const CaptureOptions& options) {
   }
   Session* previous = g_last.exchange(s);
   if (previous != nullptr) previous->store.clear();
+  calibrate_clock();
   s->t_start = now_ns();
   s->store.set_chunk_hook(&wake_waiter);  // the capture's thread writes the spill (when it has one)
   s->cpu_wrapper_problem = install_cpu_wrapper();
@@ -560,7 +594,8 @@ bool set_quiet(bool quiet) {
 bool quiet_scope(std::string_view name, bool begin) {
   Session* s = quiet_session();
   if (s == nullptr) return false;
-  record_scope(s, name, begin);
+  ThreadState& ts = thread_state(s);
+  record_scope(s, ts, intern_cached(s, ts, name).first, begin);
   return true;
 }
 
