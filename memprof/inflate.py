@@ -5,10 +5,10 @@ checked against its CRC once the last piece is given."""
 from __future__ import annotations
 
 import zipfile
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+from memprof.deflate import crc32, decompressor
 from memprof.errors import CaptureFileError
 
 _PIECE = 4 << 20  # what one piece holds at most: it stays in the cache while the reader takes it in
@@ -31,7 +31,7 @@ def member_pieces(path: Path, info: zipfile.ZipInfo, name: str) -> Iterator[byte
     pieces = _stored(packed, info.file_size) if stored else inflate(packed, info.file_size, path, name)
     crc, size = 0, 0
     for piece in pieces:
-        crc = zlib.crc32(piece, crc)
+        crc = crc32(piece, crc)
         size += len(piece)
         yield piece
     if size != info.file_size:
@@ -51,18 +51,16 @@ def inflate(packed: bytes, size: int, path: Path, name: str) -> Iterator[bytes]:
     more than its declared size (a stream that would inflate further is refused there), and no
     copy of the whole (zipfile's reader copies every piece through Python's buffers; one
     `decompress` call joins its output blocks at the end and runs out of the cache)."""
-    stream_of = zlib.decompressobj(-15)  # (raw deflate, as a zip member holds it)
+    stream_of = decompressor()  # (raw deflate, as a zip member holds it)
     stream, at, pos = memoryview(packed), 0, 0
     pending: bytes | memoryview = b""
     while not stream_of.eof:
-        if not pending:
-            if pos >= len(stream):
-                break
+        if not pending and pos < len(stream):
             pending, pos = stream[pos : pos + (1 << 20)], pos + (1 << 20)
         piece = stream_of.decompress(pending, min(size - at + 1, _PIECE))
         pending = stream_of.unconsumed_tail
-        if at + len(piece) > size:
-            break
+        if at + len(piece) > size or not (piece or pending or pos < len(stream)):
+            break  # (past the declared size, or nothing more to come: a stream cut short)
         at += len(piece)
         if piece:
             yield piece

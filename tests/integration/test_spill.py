@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -211,11 +212,12 @@ def test_the_save_copies_the_events_the_spill_deflated_while_the_script_ran(
     from memprof import deflate, fileformat, recorder, spill
     from memprof.spill_read import index_records
 
-    used: list[bool] = []
+    used: list[bool] = []  # per save: whether it copied the spill's stream (else it deflated the events)
 
-    def spy(member: object, head: bytes, body: deflate.Deflated) -> bool:
-        used.append(deflate.write_deflated(member, head, body))  # type: ignore[arg-type]
-        return used[-1]
+    def spy(member: object, head: bytes, pieces: Iterable[bytes], body: deflate.Digest) -> bool:
+        done = deflate.write_deflated(member, head, pieces, body)  # type: ignore[arg-type]
+        used.append(done and isinstance(body, deflate.Deflated))
+        return done
 
     monkeypatch.setattr(fileformat, "write_deflated", spy)
     monkeypatch.setattr(spill, "DEFLATE_MIN_CPUS", 1)
@@ -242,11 +244,11 @@ def test_the_save_copies_the_events_the_spill_deflated_while_the_script_ran(
                 torch.empty(8)
             memprof.step()
             time.sleep(0.6)
-    assert used == [] and np.array_equal(memprof.load(tmp_path / "ring.memprof").raw, ring.raw)
+    assert used == [False] and np.array_equal(memprof.load(tmp_path / "ring.memprof").raw, ring.raw)
 
     monkeypatch.setattr(spill, "DEFLATE_MIN_CPUS", 10_000)
     with memprof.capture(output=tmp_path / "few.memprof") as few:
         for _ in range(60_000):
             torch.empty(8)
         time.sleep(0.6)
-    assert used == [] and np.array_equal(memprof.load(tmp_path / "few.memprof").raw, few.raw)
+    assert used == [False, False] and np.array_equal(memprof.load(tmp_path / "few.memprof").raw, few.raw)

@@ -1,17 +1,38 @@
 """The events' deflate stream made while a capture runs (`memprof.deflate`): its CRC joins the header's
 as zlib's `crc32_combine` does, and the member it makes reads back through zipfile's own reader (its
-size and CRC checked) as the header followed by every byte fed, in order."""
+size and CRC checked) and memprof's (`memprof.inflate`) as the header followed by every byte fed, in
+order: made and read by ISA-L (where installed) or zlib, in every pairing."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import zipfile
 import zlib
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import memprof.deflate
 from memprof.deflate import Deflated, StreamDeflater, crc32_combine, write_deflated
+from memprof.errors import CaptureFileError
+from memprof.inflate import inflate
+
+BACKENDS = ["isal", "zlib"] if memprof.deflate._isal is not None else ["zlib"]
+
+
+@contextlib.contextmanager
+def backend(name: str) -> Iterator[None]:
+    """memprof's deflate and inflate by `name`: ISA-L's (the installed default) or zlib's fallback."""
+    saved = memprof.deflate._isal
+    memprof.deflate._isal = saved if name == "isal" else None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        memprof.deflate._isal = saved  # type: ignore[assignment]
 
 
 @settings(max_examples=200, deadline=None)
@@ -24,22 +45,42 @@ def test_crc32_combine_equals_the_crc_of_the_joined_bytes(a: bytes, b: bytes) ->
 @given(st.binary(min_size=1, max_size=200), st.lists(st.binary(max_size=70_000), max_size=6), st.binary(max_size=500))
 def test_a_member_of_a_header_and_a_stream_deflated_before_reads_back_whole(
         head: bytes, pieces: list[bytes], last: bytes) -> None:
-    stream = StreamDeflater()
-    packed = [stream.feed(p) for p in pieces]
-    packed.append(stream.end(last))
-    assert stream.end(last) == packed[-1]  # (a second end gives the same bytes)
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-        with zf.open("events.npy", "w", force_zip64=True) as member:
-            assert write_deflated(member, head, Deflated(packed, stream.crc, stream.size))
-        zf.writestr("after.json", "{}")
-    with zipfile.ZipFile(buf) as zf:
-        assert zf.testzip() is None  # (every member's CRC)
-        assert zf.read("events.npy") == head + b"".join(pieces) + last
-        assert zf.getinfo("events.npy").file_size == len(head) + stream.size
+    whole = head + b"".join(pieces) + last
+    for made, read in [(m, r) for m in BACKENDS for r in BACKENDS]:
+        with backend(made):
+            stream = StreamDeflater()
+            packed = [stream.feed(p) for p in pieces]
+            packed.append(stream.end(last))
+            assert stream.end(last) == packed[-1]  # (a second end gives the same bytes)
+            buf = io.BytesIO()
+            with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+                with zf.open("events.npy", "w", force_zip64=True) as member:
+                    assert write_deflated(member, head, packed, Deflated(packed, stream.crc, stream.size))
+                zf.writestr("after.json", "{}")
+        with zipfile.ZipFile(buf) as zf:
+            assert zf.testzip() is None  # (every member's CRC)
+            assert zf.read("events.npy") == whole
+            info = zf.getinfo("events.npy")
+            assert info.file_size == len(head) + stream.size
+        local = buf.getvalue()[info.header_offset :]  # (its local header's name and extra fields, then the data)
+        at = 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+        packed_member = local[at : at + info.compress_size]
+        with backend(read):
+            assert b"".join(inflate(packed_member, len(whole), Path("x"), "events.npy")) == whole
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_a_stream_cut_short_or_longer_than_declared_is_refused(name: str) -> None:
+    data = bytes(range(256)) * 5000
+    with backend(name):
+        stream = StreamDeflater()
+        packed = stream.feed(data) + stream.end()
+        for cut, size in [(packed[: len(packed) // 2], len(data)), (packed, len(data) - 1), (packed, len(data) + 1)]:
+            with pytest.raises(CaptureFileError, match="inflates to other than its declared size"):
+                b"".join(inflate(cut, size, Path("x"), "events.npy"))
 
 
 def test_a_member_writer_it_does_not_know_is_left_to_the_caller() -> None:
     out = io.BytesIO()
-    assert not write_deflated(out, b"head", Deflated([b""], 0, 0))
+    assert not write_deflated(out, b"head", [b""], Deflated([b""], 0, 0))
     assert out.getvalue() == b""
