@@ -166,11 +166,15 @@ class Capture:
         if self._devices is not None:
             return list(self._devices)
         raw = self.raw
+        dtype_col, index_col = raw["device_type"], raw["device_index"]
         mem = kind_mask(raw["kind"], [Kind.ALLOC, Kind.FREE, Kind.CUDA_ALLOC, Kind.CUDA_FREE_REQUESTED, Kind.OOM,
                                       *SEGMENT_KINDS])
-        codes = raw["device_type"][mem].astype(np.int32) * 256 + raw["device_index"][mem].astype(np.int32)
-        # (most captures are of one device: a min and a max where a sort of millions took 0.1 s)
-        codes = codes[:1] if len(codes) and codes.min() == codes.max() else np.unique(codes)
+        first = int(np.argmax(mem)) if mem.any() else -1
+        if first >= 0 and index_col.strides == (0,) and not (mem & (dtype_col != dtype_col[first])).any():
+            codes = np.asarray([int(dtype_col[first]) * 256 + int(index_col[first])])  # (a CPU capture: no gathers)
+        else:  # (most captures are of one device: a min and a max where a sort of millions took 0.1 s)
+            codes = dtype_col[mem].astype(np.int32) * 256 + index_col[mem].astype(np.int32)
+            codes = codes[:1] if len(codes) and codes.min() == codes.max() else np.unique(codes)
         pairs = {((int(c) + 128) // 256, int(c) - (int(c) + 128) // 256 * 256) for c in codes.tolist()}
         # the CUDA tracker, attached once CUDA initializes, adds an empty baseline for every GPU: a GPU
         # that CUDA initialized on and nothing was allocated on (a CPU model on a GPU machine) is not in use
