@@ -246,7 +246,11 @@ class ScopeIndex:
         """The scopes that began before `row` and closed at it or later: open just before it."""
         if thread not in self._rows:
             return []
-        begin_row, end_row, depth, _closed, scope = self._thread_pairs(thread)
+        if thread in self._pairs_of:
+            begin_row, end_row, depth, _closed, scope = self._thread_pairs(thread)
+        else:  # the events before `row` paired alone (the rule is causal): those left open are open at `row`
+            rows = self.rows_on(thread)
+            begin_row, end_row, depth, _closed, scope = self._pairs(rows[: int(np.searchsorted(rows, row))])
         at = np.flatnonzero((begin_row < row) & (end_row >= row))
         return [int(s) for s in scope[at[np.argsort(depth[at], kind="stable")]]]
 
@@ -254,11 +258,14 @@ class ScopeIndex:
         """The rule's pairs on one thread (computed once): begin row, end row (len(raw): open), depth,
         closed, scope."""
         if thread not in self._pairs_of:
-            raw, rows = self.raw, self.rows_on(thread)
-            b, e, depth, closed = pair_arrays(raw["kind"][rows], raw["scope"][rows])
-            end_row = np.where(e >= 0, rows[np.maximum(e, 0)], len(raw))
-            self._pairs_of[thread] = (rows[b], end_row, depth, closed, raw["scope"][rows[b]])
+            self._pairs_of[thread] = self._pairs(self.rows_on(thread))
         return self._pairs_of[thread]
+
+    def _pairs(self, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+        raw = self.raw
+        b, e, depth, closed = pair_arrays(raw["kind"][rows], raw["scope"][rows])
+        end_row = np.where(e >= 0, rows[np.maximum(e, 0)], len(raw))
+        return rows[b], end_row, depth, closed, raw["scope"][rows[b]]
 
     def slice_table(self, t_stop_ns: int) -> SliceTable:
         """Every scope as a slice, in columns (a long capture has hundreds of thousands), in the order
