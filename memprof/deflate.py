@@ -43,6 +43,7 @@ def decompressor() -> Any:
 def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:
     return int(_isal.crc32(data, value)) if _isal is not None else zlib.crc32(data, value)
 
+
 _POLY = 0xEDB88320  # CRC-32's polynomial, reflected (zlib's)
 
 
