@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Iterable
-from typing import IO, Any, NamedTuple, Protocol
+from typing import IO, Any, NamedTuple, Protocol, cast
 
 try:
     from isal import isal_zlib as _isal
@@ -38,6 +38,10 @@ def decompressor() -> Any:
     """A raw deflate stream's decompressor (`zlib.decompressobj`'s interface; ISA-L's may hold output
     back with no input left unconsumed: a reader calls it until it ends or gives nothing)."""
     return _isal.decompressobj(-15) if _isal is not None else zlib.decompressobj(-15)
+
+
+# what either library raises on a stream that is not valid deflate
+ERRORS: tuple[type[Exception], ...] = (zlib.error,) + (() if _isal is None else (cast(type[Exception], _isal.error),))
 
 
 def crc32(data: bytes | bytearray | memoryview, value: int = 0) -> int:

@@ -8,7 +8,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from memprof.deflate import crc32, decompressor
+from memprof.deflate import ERRORS, crc32, decompressor
 from memprof.errors import CaptureFileError
 
 _PIECE = 4 << 20  # what one piece holds at most: it stays in the cache while the reader takes it in
@@ -57,7 +57,10 @@ def inflate(packed: bytes, size: int, path: Path, name: str) -> Iterator[bytes]:
     while not stream_of.eof:
         if not pending and pos < len(stream):
             pending, pos = stream[pos : pos + (1 << 20)], pos + (1 << 20)
-        piece = stream_of.decompress(pending, min(size - at + 1, _PIECE))
+        try:
+            piece = stream_of.decompress(pending, min(size - at + 1, _PIECE))
+        except ERRORS:
+            raise CaptureFileError(f"{path}: corrupt capture ({name} is not a valid deflate stream)") from None
         pending = stream_of.unconsumed_tail
         if at + len(piece) > size or not (piece or pending or pos < len(stream)):
             break  # (past the declared size, or nothing more to come: a stream cut short)

@@ -70,7 +70,7 @@ def test_a_member_of_a_header_and_a_stream_deflated_before_reads_back_whole(
 
 
 @pytest.mark.parametrize("name", BACKENDS)
-def test_a_stream_cut_short_or_longer_than_declared_is_refused(name: str) -> None:
+def test_a_stream_cut_short_longer_than_declared_or_not_deflate_is_refused(name: str) -> None:
     data = bytes(range(256)) * 5000
     with backend(name):
         stream = StreamDeflater()
@@ -78,6 +78,9 @@ def test_a_stream_cut_short_or_longer_than_declared_is_refused(name: str) -> Non
         for cut, size in [(packed[: len(packed) // 2], len(data)), (packed, len(data) - 1), (packed, len(data) + 1)]:
             with pytest.raises(CaptureFileError, match="inflates to other than its declared size"):
                 b"".join(inflate(cut, size, Path("x"), "events.npy"))
+        garbage = bytes([0xFF] * 64) + packed  # (a block type deflate does not have)
+        with pytest.raises(CaptureFileError, match="is not a valid deflate stream"):
+            b"".join(inflate(garbage, len(data), Path("x"), "events.npy"))
 
 
 def test_a_member_writer_it_does_not_know_is_left_to_the_caller() -> None:
