@@ -223,8 +223,8 @@ struct BoxedDataPtr {  // an allocation whose context is not its data pointer
   size_t size;
 };
 
-std::mutex& tracked_mu() {
-  static auto* mu = new std::mutex();  // leaked: frees can run during process teardown
+SpinLock& tracked_mu() {  // (taken at every CPU allocation and free, as the store's lock is)
+  static auto* mu = new SpinLock();  // leaked: frees can run during process teardown
   return *mu;
 }
 // (an open-addressing map: std::unordered_map's node per insert was a malloc and a free per tensor)
@@ -272,7 +272,7 @@ class TrackingCPUAllocator final : public c10::Allocator {
     if (dp.get_context() == data) {
       const c10::DeleterFnPtr deleter = dp.get_deleter();
       {
-        std::lock_guard<std::mutex> lock(tracked_mu());
+        std::lock_guard<SpinLock> lock(tracked_mu());
         tracked_blocks()[data] = TrackedBlock{n, deleter};
       }
       dp.release_context();
@@ -298,7 +298,7 @@ class TrackingCPUAllocator final : public c10::Allocator {
     TrackedBlock block{0, nullptr};
     bool found = false;
     {
-      std::lock_guard<std::mutex> lock(tracked_mu());
+      std::lock_guard<SpinLock> lock(tracked_mu());
       auto it = tracked_blocks().find(ptr);
       if (it != tracked_blocks().end()) {
         block = it->second;

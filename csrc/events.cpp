@@ -166,7 +166,7 @@ bool is_free(const Event& e) { return e.kind == kFree || e.kind == kCudaFreeRequ
 }  // namespace
 
 void EventStore::append(const Event& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   if (window_ == Window::kPending) live_.apply(e);
   if (window_ == Window::kOpen && (is_alloc(e) || is_free(e))) {
     auto key = block_key(e);
@@ -212,7 +212,7 @@ void EventStore::push(const Event& e) {
 }
 
 void EventStore::mark_step(const Event& e) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   const int64_t step = e.bytes;
   if (window_ == Window::kPending && step >= options_.first_step - 1) {
     for (const Event& c : live_.carried()) {
@@ -265,18 +265,18 @@ void EventStore::free_chunks_before(size_t n) {
 }
 
 EventStore::Head EventStore::ring_head() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   if (!ring_moved_) return {};
   return {ring_start_, ring_base_.carried(), ring_base_.carried_context()};
 }
 
 std::vector<CarriedContext> EventStore::window_context() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   return window_context_;
 }
 
 std::string EventStore::window_state() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   switch (window_) {
     case Window::kPending:
       return "pending";
@@ -290,38 +290,38 @@ std::string EventStore::window_state() const {
 }
 
 size_t EventStore::size() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   return size_;
 }
 
 uint64_t EventStore::dropped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   return dropped_;
 }
 
 int64_t EventStore::first_dropped_ns() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   return dropped_ ? first_dropped_ns_ : -1;
 }
 
 size_t EventStore::bytes_reserved() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   return (chunks_.size() - released_ / kChunkEvents + spare_.size()) * kChunkEvents * sizeof(Event);
 }
 
 void EventStore::release_before(size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   if (options_.keep_last > 0) return;  // the ring frees its own chunks as it moves
   free_chunks_before(n);
 }
 
 size_t EventStore::released() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   return released_;
 }
 
 size_t EventStore::copy_to(Event* dst, size_t capacity) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   if (released_ > 0) return 0;  // some events live only in the spill now
   const size_t n = std::min(size_, capacity);
   size_t done = 0;
@@ -334,7 +334,7 @@ size_t EventStore::copy_to(Event* dst, size_t capacity) const {
 }
 
 size_t EventStore::copy_range(size_t start, Event* dst, size_t count) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   if (start >= size_ || start < released_) return 0;
   const size_t n = std::min(count, size_ - start);
   size_t done = 0;
@@ -353,7 +353,7 @@ int64_t EventStore::write_records(int fd, size_t start, size_t count) const {
   {
     // the chunk pointers only: the writes run without the lock, so allocations never wait on the disk
     // (chunks before size() are only freed by release_before, which the writer itself calls after)
-    std::lock_guard<std::mutex> lock(mu_);
+    std::lock_guard<SpinLock> lock(mu_);
     if (options_.keep_last > 0) return -EINVAL;
     if (start < released_) return -EINVAL;
     const size_t n = start < size_ ? std::min(count, size_ - start) : 0;
@@ -392,22 +392,22 @@ int64_t EventStore::write_records(int fd, size_t start, size_t count) const {
 }
 
 size_t EventStore::max_events() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   return options_.max_events;
 }
 
 void EventStore::set_max_events(size_t n) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   options_.max_events = n;
 }
 
 void EventStore::set_chunk_hook(void (*hook)()) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   chunk_hook_ = hook;
 }
 
 void EventStore::clear() {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::lock_guard<SpinLock> lock(mu_);
   chunks_.clear();
   chunks_.shrink_to_fit();
   spare_.clear();

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -147,6 +148,37 @@ class LiveSet {
   std::map<int16_t, Event> reserved_;
 };
 
+// The store's lock (and the CPU allocator wrapper's), taken for every event: uncontended, a lock and an unlock are one atomic exchange
+// and one plain store, inline (std::mutex: a call and an atomic read-modify-write each way, which was
+// most of what an event cost after the clock). It is held for a few stores, a chunk's allocation or a
+// copy out of the chunks: a waiter spins a little, then yields the core.
+class SpinLock {
+ public:
+  void lock() noexcept {
+    while (flag_.exchange(true, std::memory_order_acquire)) {
+      for (int spins = 0; flag_.load(std::memory_order_relaxed); ++spins) {
+        if (spins < 64) {
+          pause();
+        } else {
+          std::this_thread::yield();
+        }
+      }
+    }
+  }
+  bool try_lock() noexcept {
+    return !flag_.load(std::memory_order_relaxed) && !flag_.exchange(true, std::memory_order_acquire);
+  }
+  void unlock() noexcept { flag_.store(false, std::memory_order_release); }
+
+ private:
+  static void pause() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_ia32_pause();
+#endif
+  }
+  std::atomic<bool> flag_{false};
+};
+
 // Which events a capture stores. By default all of them. With a step window [first_step,
 // last_step], only those from the marker that ends step first_step - 1 to the one that ends
 // last_step (step 1 starts at the capture start), after the blocks live at the window start, and
@@ -220,7 +252,7 @@ class EventStore {
   void push(const Event& e);  // with mu_ held
   void move_ring();           // with mu_ held
   void free_chunks_before(size_t n);  // with mu_ held: the chunks whose events all lie before n
-  mutable std::mutex mu_;
+  mutable SpinLock mu_;
   StoreOptions options_;
   bool recording_ = true;
   enum class Window { kAll, kPending, kOpen, kClosed } window_ = Window::kAll;
