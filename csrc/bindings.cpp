@@ -13,8 +13,11 @@
 
 #include <unistd.h>
 
+#include <torch/csrc/autograd/python_variable.h>
+
 #include "capture.h"
 #include "events.h"
+#include "grads.h"
 #include "signals.h"
 
 namespace py = pybind11;
@@ -136,6 +139,32 @@ int hold_forever(void* /*unused*/) {
 
 void hold_from_handler() { Py_AddPendingCall(&hold_forever, nullptr); }
 
+memprof::GradWatch make_grad_watch(const py::sequence& params) {
+  std::vector<at::Tensor> tensors;
+  tensors.reserve(py::len(params));
+  for (const py::handle h : params) {
+    if (!THPVariable_Check(h.ptr())) throw py::type_error("GradWatch takes tensors");
+    tensors.push_back(THPVariable_Unpack(h.ptr()));
+  }
+  return memprof::GradWatch(std::move(tensors));
+}
+
+py::array_t<int64_t> changed_grads(memprof::GradWatch& watch) {
+  const std::vector<memprof::GradBlock> blocks = watch.changed();
+  py::array_t<int64_t> out({static_cast<py::ssize_t>(blocks.size()), py::ssize_t{5}});
+  auto rows = out.mutable_unchecked<2>();
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const memprof::GradBlock& b = blocks[i];
+    const auto r = static_cast<py::ssize_t>(i);
+    rows(r, 0) = b.index;
+    rows(r, 1) = b.ptr;
+    rows(r, 2) = b.bytes;
+    rows(r, 3) = b.device_type;
+    rows(r, 4) = b.device_index;
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -238,4 +267,11 @@ PYBIND11_MODULE(_C, m) {
   m.def("attach_cuda_tracker", &memprof::attach_cuda_tracker);
   m.def("cuda_tracker_attached", &memprof::cuda_tracker_attached);
   m.def("shutdown", &memprof::shutdown);
+  py::class_<memprof::GradWatch>(m, "GradWatch",
+                                 "The gradients of some parameters, read at each optimizer step in C++.")
+      .def(py::init(&make_grad_watch), py::arg("params"))
+      .def("changed", &changed_grads,
+           "int64 rows (parameter index, storage ptr, storage bytes, device type, device index) of the gradients "
+           "that are other tensors than at the last call (ptr -1: read that one from Python)")
+      .def("__len__", &memprof::GradWatch::size);
 }

@@ -13,9 +13,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from memprof._native import native
 from memprof.plans import KnownTensor, prune_known
 
 _FULL_WALK_EVERY = 16  # optimizer steps between walks of its parameters and state (`record_optimizer`)
+_CPU = 0  # c10::DeviceType's CPU (a GradWatch reads CPU and CUDA tensors only)
 
 
 def _is_fake(tensor: Any) -> bool:
@@ -123,16 +125,13 @@ class KnownTensorRecorder:
         Parameters and optimizer state are updated in place: they are walked at the first step, when
         the optimizer's parameters or state entries change in number, and every `_FULL_WALK_EVERY`
         steps (a tensor swapped in between is named from then on). Gradients, new tensors at every
-        step where `zero_grad` sets them to None, are walked at every step."""
+        step where `zero_grad` sets them to None, are read at every step (`_record_gradients`)."""
         shape = (sum(len(g["params"]) for g in optimizer.param_groups), len(optimizer.state))
         walk = self._walks.get(id(optimizer))
         t = self.now_ns()
         if walk is not None and walk[0] == shape and walk[1] % _FULL_WALK_EVERY:
             walk[1] += 1
-            for p, name in walk[2]:
-                grad = p.grad
-                if grad is not None:
-                    self._add_tensor(t, grad, "gradient", name + ".grad")
+            self._record_gradients(t, walk[2], walk[3])
             return
         params = [p for g in optimizer.param_groups for p in g["params"]]
         if id(optimizer) not in self._scanned_for and any(id(p) not in self._param_names for p in params):
@@ -140,12 +139,28 @@ class KnownTensorRecorder:
             self.record_modules()
         names = {id(p): self._param_names.get(id(p), f"param_groups[{gi}][{pi}]")
                  for gi, g in enumerate(optimizer.param_groups) for pi, p in enumerate(g["params"])}
-        self._walks[id(optimizer)] = [shape, 1, [(p, names[id(p)]) for p in params]]
+        watch = walk[3] if walk is not None and walk[0] == shape else native().GradWatch(params)
+        gradients = [(p, names[id(p)] + ".grad") for p in params]
+        self._walks[id(optimizer)] = [shape, 1, gradients, watch]
         for group in optimizer.param_groups:
             for p in group["params"]:
                 self._add_tensor(t, p, "parameter", names[id(p)])
-                if p.grad is not None:
-                    self._add_tensor(t, p.grad, "gradient", names[id(p)] + ".grad")
                 for key, value in optimizer.state.get(p, {}).items():
                     if hasattr(value, "untyped_storage"):
                         self._add_tensor(t, value, "optimizer_state", f"{names[id(p)]}.{key}")
+        self._record_gradients(t, gradients, watch)
+
+    def _record_gradients(self, t_ns: int, params: list[tuple[Any, str]], watch: Any) -> None:
+        """The gradients of `params` ((parameter, its gradient's name) pairs, as `watch` holds them) that
+        are other tensors than at the last step: read in C++ (`memprof._C.GradWatch`), where reading them
+        here took microseconds a gradient (milliseconds a step on a model of hundreds of parameters); a
+        subclass's or a fake one here."""
+        if not self.record_tensors:
+            return
+        for index, ptr, nbytes, device_type, device_index in watch.changed().tolist():
+            p, name = params[index]
+            if ptr >= 0:
+                device = "cpu" if device_type == _CPU else f"cuda:{max(device_index, 0)}"
+                self.tensors.append(KnownTensor(t_ns, device, ptr, nbytes, "gradient", name))
+            elif (grad := p.grad) is not None:
+                self._add_tensor(t_ns, grad, "gradient", name)

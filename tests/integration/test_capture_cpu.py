@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
 
 import memprof
 from memprof._events import Kind
+from memprof.analysis.labels import Category
 from memprof.reporters import render
 
 
@@ -261,3 +264,34 @@ def test_quiet_ops_record_no_scope_but_the_ones_memprof_opens() -> None:
     assert begun(cap) == [*one_mm, "aten::mine", *one_mm]
     allocs = cap.raw[cap.raw["kind"] == Kind.ALLOC]
     assert len(allocs) == 4 and [cap.scope_name(int(s)) for s in allocs["scope"]][1:3] == ["", "aten::mine"]
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_every_steps_gradients_are_named_by_their_blocks(set_to_none: bool) -> None:
+    """Gradients are read at every optimizer step (in C++: `memprof._C.GradWatch`), past the steps
+    where the optimizer is walked whole: each step's new gradient tensors are named once, at their
+    exact storage, and gradients kept from step to step (zero_grad(set_to_none=False)) once in all."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3, bias=False))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    names = ["0.weight", "0.bias", "2.weight"]
+    seen: list[dict[str, tuple[int, int]]] = []
+    with memprof.capture(scopes="none") as cap:
+        for _ in range(20):  # (the optimizer is walked whole at steps 1 and 17)
+            model(torch.randn(4, 8)).sum().backward()
+            seen.append({n: (p.grad.untyped_storage().data_ptr(), p.grad.untyped_storage().nbytes())
+                         for n, p in zip(names, model.parameters(), strict=True)})
+            opt.step()
+            opt.zero_grad(set_to_none=set_to_none)
+    grads = [t for t in cap.tensors if t.category == "gradient"]
+    assert all(t.device == "cpu" for t in grads)
+    if set_to_none:
+        assert len(grads) == 20 * len(names)
+        steps = [{t.name.removesuffix(".grad"): (t.ptr, t.bytes) for t in grads[i:i + 3]} for i in range(0, 60, 3)]
+        assert steps == seen
+    else:
+        assert {t.name.removesuffix(".grad"): (t.ptr, t.bytes) for t in grads} == seen[0] == seen[-1]
+        assert len(grads) == len(names)
+    labels, allocs = cap.labels("cpu"), cap.timeline("cpu").is_alloc  # (a label per allocation and per free)
+    named = Counter(labels.names[int(n)] for n, c, a in zip(labels.node, labels.category, allocs, strict=True)
+                    if c == Category.GRADIENT and a)
+    assert named == {f"gradient:{n}.grad": 20 if set_to_none else 1 for n in names}  # each step's blocks
