@@ -91,8 +91,8 @@ class HtmlOptions:
 
 
 def _write_html(cap: Capture, o: HtmlOptions, out: IO[str]) -> None:
-    if not len(cap.raw):
-        raise MemprofError("the capture recorded no events: nothing to draw")
+    if not any(len(cap.timeline(d).rows) for d in cap.devices):  # (a garbage collection's markers are events)
+        raise MemprofError("the capture recorded no allocation on any device: nothing to draw")
     title = str(cap.meta.get("command") or "capture")
     out.write(_page(page_data(cap, o.max_points, o.max_items), title, [("", cap)]))
 
