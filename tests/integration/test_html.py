@@ -7,6 +7,8 @@ from __future__ import annotations
 import gc
 import re
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -38,11 +40,20 @@ def test_the_page_is_self_contained(tmp_path: Path) -> None:
 
 
 def test_bad_exports_are_one_line(tmp_path: Path) -> None:
-    with memprof.capture() as empty:
-        gc.collect()  # (its markers are events, and draw nothing)
+    gc.disable()  # (a collection inside would free earlier tests' tensors: events to draw)
+    try:
+        with memprof.capture() as empty:
+            pass
+    finally:
+        gc.enable()
     empty.save(tmp_path / "empty.memprof")
-    assert "recorded no allocation on any device" in one_line_error(invoke_memprof(
-        "export", "empty.memprof", "--format", "html", cwd=tmp_path))
+    # a fresh process's block that saw only a collection: two markers, no allocation
+    subprocess.run([sys.executable, "-c", "import gc, memprof\nwith memprof.capture(output='marks.memprof'):\n"
+                    "    gc.collect()"], cwd=tmp_path, check=True)
+    assert len(memprof.load(tmp_path / "marks.memprof").raw) == 2
+    for name in ("empty", "marks"):
+        assert "recorded no allocation on any device" in one_line_error(invoke_memprof(
+            "export", f"{name}.memprof", "--format", "html", cwd=tmp_path))
 
 
 def _driver() -> Any:
