@@ -13,6 +13,11 @@ with `--kernel-scopes`), and how many of their compiled-graph calls were joined 
     python tools/bench_overhead.py --batch 2 --batch 16 --rounds 6 --block 10
     python tools/bench_overhead.py --batch 2 --rounds 16 --block 10 \
         --variants "memprof + spill (trace),memprof + ring (--keep-last 2)"
+
+`--device cpu` runs the same step on the CPU, on a Llama of the paper's depth and tiny widths (one
+intra-op thread): a host-bound step (the Python, the dispatcher, the optimizer's loop over its
+parameters, memprof's hooks) without a GPU. The variants of CUDA's own tools and `--coverage` need
+CUDA.
 """
 
 from __future__ import annotations
@@ -163,14 +168,23 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
 
 
-def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[str, object]]:
+CPU_WIDTHS = {"hidden": 32, "heads": 2, "mlp": 64, "vocab": 128, "seq": 8}  # (--device cpu: the paper's depth)
+CUDA_ONLY = ("_record_memory_history(python)",)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench(batch: int, rounds: int, block: int, names: list[str], device: str = "cuda") -> list[dict[str, object]]:
     ex = load_example("llama")
     import torch._functorch.config as fc
 
     torch._dynamo.reset()
     fc.activation_memory_budget = 0.13
-    size = ex.LlamaSize(**{**ex.PAPER.__dict__, "batch": batch})
-    model, ids = ex.build(size, "cuda")
+    size = ex.LlamaSize(**{**ex.PAPER.__dict__, **(CPU_WIDTHS if device == "cpu" else {}), "batch": batch})
+    model, ids = ex.build(size, device)
     fn = torch.compile(model)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
@@ -185,7 +199,7 @@ def bench(batch: int, rounds: int, block: int, names: list[str]) -> list[dict[st
         # (before the sync, which spins: the CPU time the step's launches took; near the wall clock,
         # the step is host-bound)
         cpu_s = time.process_time() - c
-        torch.cuda.synchronize()
+        sync(device)
         return time.perf_counter() - t, cpu_s
 
     t = time.perf_counter()
@@ -275,25 +289,33 @@ def main() -> None:
                     help="then check join coverage on the paper Llama and BERT (default and --kernel-scopes)")
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help="comma-separated variants to run (plain and memprof always run)")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = ap.parse_args()
     names = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+    if args.device == "cpu":
+        if args.coverage:
+            ap.error("--coverage needs CUDA (the paper models at their size)")
+        names = [v for v in names if v not in CUDA_ONLY]  # (the default list names them)
+        torch.set_num_threads(1)
+    elif not torch.cuda.is_available():
+        ap.error("no CUDA device here: --device cpu measures the host-bound step on the CPU")
     names = ["plain", "memprof", *[v for v in names if v not in ("plain", "memprof")]]
     rows: list[dict[str, object]] = []
     timed = (args.batch or [2]) if args.rounds > 0 else []  # (--rounds 0 --coverage: the coverage alone)
     for b in timed:
-        rows += bench(b, args.rounds, args.block, names)
+        rows += bench(b, args.rounds, args.block, names, args.device)
         if args.json:
             args.json.write_text(json.dumps(rows, indent=1))
-        print_table(rows)
+        print_table(rows, args.device)
     if args.coverage:
         batch = (args.batch or [2])[0]
         joined = [coverage(m, batch, k) for m in ("llama", "bert") for k in (False, True)]
         if args.json:
             args.json.write_text(json.dumps({"steps": rows, "coverage": joined}, indent=1))
-        print_table(rows)
+        print_table(rows, args.device)
         print("\njoin coverage (compiled inside the capture, 3 steps, budget 0.13)")
         for c in joined:
             scopes = "--kernel-scopes" if c["kernels"] else "default"
@@ -301,8 +323,10 @@ def main() -> None:
                   + (f"; others: {'; '.join(c['reasons'])}" if c["reasons"] else ""), flush=True)
 
 
-def print_table(rows: list[dict[str, object]]) -> None:
-    print(f"\npaper Llama, budget 0.13, Inductor, {torch.cuda.get_device_name()}, torch {torch.__version__}")
+def print_table(rows: list[dict[str, object]], device: str = "cuda") -> None:
+    where = torch.cuda.get_device_name() if device == "cuda" else (
+        f"CPU, one intra-op thread, widths {CPU_WIDTHS}")
+    print(f"\npaper Llama, budget 0.13, Inductor, {where}, torch {torch.__version__}")
     print(f"{'batch':>5} {'variant':<32} {'steps':>5} {'median ms':>10} {'p10 ms':>8} {'p90 ms':>8} "
           f"{'ratio':>6} {'vs memprof':>10} {'CPU ms':>7} {'CPU ratio':>9}  extra")
     for r in rows:
