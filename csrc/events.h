@@ -148,10 +148,10 @@ class LiveSet {
   std::map<int16_t, Event> reserved_;
 };
 
-// The store's lock (and the CPU allocator wrapper's), taken for every event: uncontended, a lock and an unlock are one atomic exchange
-// and one plain store, inline (std::mutex: a call and an atomic read-modify-write each way, which was
-// most of what an event cost after the clock). It is held for a few stores, a chunk's allocation or a
-// copy out of the chunks: a waiter spins a little, then yields the core.
+// The store's lock (and the CPU allocator wrapper's), taken for every event: uncontended, a lock and
+// an unlock are one atomic exchange and one plain store, inline (std::mutex: a call and an atomic
+// read-modify-write each way, 4% of a loop of small allocations). It is held for a few stores, a
+// chunk's allocation or a copy out of the chunks: a waiter spins a little, then yields the core.
 class SpinLock {
  public:
   void lock() noexcept {
