@@ -8,9 +8,11 @@ is plain data with JSON round-trips; nothing imports torch.
 from __future__ import annotations
 
 import re
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from memprof.analysis.wrapper_code import WrapperCode, parse_wrapper
 
@@ -162,7 +164,52 @@ class KnownTensor(NamedTuple):
     name: str  # "layers.3.mlp.w", "layers.3.mlp.w.grad", "layers.3.mlp.w.exp_avg"
 
 
-def prune_known(tensors: list[KnownTensor], before_ns: int) -> list[KnownTensor]:
+class KnownTensors(Sequence[KnownTensor]):
+    """Known tensors as a capture records them, in columns: a run records each parameter's gradient at
+    every step (each step's gradients are new blocks), and a tuple of six fields and its integers took
+    about 200 bytes a record where these columns take 29. Reads as a sequence of `KnownTensor`."""
+
+    def __init__(self, tensors: Iterable[KnownTensor] = ()) -> None:
+        self._t, self._ptr, self._bytes, self._label = array("q"), array("Q"), array("q"), array("I")
+        self._labels: list[tuple[str, str, str]] = []  # (device, category, name)
+        self._label_ids: dict[tuple[str, str, str], int] = {}
+        for t in tensors:
+            self.append(t)
+
+    def append(self, t: KnownTensor) -> None:
+        self.add(*t)
+
+    def add(self, t_ns: int, device: str, ptr: int, nbytes: int, category: str, name: str) -> None:
+        label = (device, category, name)
+        at = self._label_ids.get(label)
+        if at is None:
+            at = self._label_ids[label] = len(self._labels)
+            self._labels.append(label)
+        self._t.append(t_ns)
+        self._ptr.append(ptr)
+        self._bytes.append(nbytes)
+        self._label.append(at)  # (last: the spill's thread reads up to its length while records are added)
+
+    def __len__(self) -> int:
+        return len(self._label)
+
+    @overload
+    def __getitem__(self, i: int) -> KnownTensor: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[KnownTensor]: ...
+
+    def __getitem__(self, i: int | slice) -> KnownTensor | list[KnownTensor]:
+        if isinstance(i, slice):
+            return [self._at(k) for k in range(*i.indices(len(self)))]
+        return self._at(range(len(self))[i])
+
+    def _at(self, k: int) -> KnownTensor:
+        device, category, name = self._labels[self._label[k]]
+        return KnownTensor(self._t[k], device, self._ptr[k], self._bytes[k], category, name)
+
+
+def prune_known(tensors: Sequence[KnownTensor], before_ns: int) -> list[KnownTensor]:
     """The known tensors a capture that stores only the events from `before_ns` on still needs:
     every one seen from then on, and of those seen earlier the last at each address. A record
     names the block live at its address when it was seen; a block stored from `before_ns` on is

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from memprof._native import native
-from memprof.plans import KnownTensor, prune_known
+from memprof.plans import KnownTensors, prune_known
 
 _FULL_WALK_EVERY = 16  # optimizer steps between walks of its parameters and state (`record_optimizer`)
 _CPU = 0  # c10::DeviceType's CPU (a GradWatch reads CPU and CUDA tensors only)
@@ -52,7 +52,7 @@ class KnownTensorRecorder:
 
     def __init__(self, now_ns: Callable[[], int]) -> None:
         self.now_ns = now_ns
-        self.tensors: list[KnownTensor] = []
+        self.tensors = KnownTensors()
         self.tensors_pruned = 0  # times `prune_tensors` dropped records (the spill then writes them anew)
         self.record_tensors = True  # False once a step window closed: later records could name nothing
         # (category, name) -> (weak reference, storage pointer, storage bytes, the tensor's data pointer)
@@ -66,7 +66,7 @@ class KnownTensorRecorder:
         """Keep only the records a capture storing the events from `before_ns` on needs (`prune_known`)."""
         kept = prune_known(self.tensors, before_ns)
         if len(kept) != len(self.tensors):
-            self.tensors = kept
+            self.tensors = KnownTensors(kept)
             self.tensors_pruned += 1
 
     def _add_tensor(self, t_ns: int, tensor: Any, category: str, name: str) -> None:
@@ -98,7 +98,7 @@ class KnownTensorRecorder:
         with contextlib.suppress(TypeError):  # (a tensor subclass without weak references: recorded each time)
             self._last_seen[(category, name)] = (weakref.ref(tensor), ptr, nbytes, data_ptr)
         device = str(tensor.device) if tensor.device.type != "cuda" else f"cuda:{tensor.device.index or 0}"
-        self.tensors.append(KnownTensor(t_ns, device, ptr, nbytes, category, name))
+        self.tensors.add(t_ns, device, ptr, nbytes, category, name)
 
     def record_modules(self) -> None:
         """Parameters and buffers of every live nn.Module (names from the outermost modules)."""
@@ -161,6 +161,6 @@ class KnownTensorRecorder:
             p, name = params[index]
             if ptr >= 0:
                 device = "cpu" if device_type == _CPU else f"cuda:{max(device_index, 0)}"
-                self.tensors.append(KnownTensor(t_ns, device, ptr, nbytes, "gradient", name))
+                self.tensors.add(t_ns, device, ptr, nbytes, "gradient", name)
             elif (grad := p.grad) is not None:
                 self._add_tensor(t_ns, grad, "gradient", name)

@@ -12,6 +12,7 @@ import pytest
 import memprof
 from memprof.analysis.attribution import BY, CATEGORIES, Category
 from memprof.analysis.summary import summarize
+from memprof.plans import KnownTensors, prune_known
 from memprof.reporters import render
 from memprof.reporters.chrome import validate_chrome_trace
 
@@ -159,3 +160,17 @@ def test_a_ddp_bucket_a_gloo_thread_frees_is_still_the_bucket() -> None:
     for s in steps:
         rows = {r.key: r.bytes for r in cap.attribution(at=f"step:{s.step}", by="category")}
         assert rows.get("ddp_bucket") == params, (s.step, rows)
+
+
+def test_known_tensors_in_columns_read_as_the_records() -> None:
+    """`KnownTensors` (the recorder's columns) reads back every record of the committed captures as
+    it was, by index, slice and iteration, and prunes as the list does."""
+    records = [t for p in CAPTURES for t in memprof.load(p).tensors]
+    assert {t.category for t in records} >= {"parameter", "gradient", "optimizer_state"}
+    cols = KnownTensors(records)
+    assert len(cols) == len(records) and list(cols) == records
+    assert cols[-1] == records[-1] and cols[3:10:2] == records[3:10:2] and cols[len(records):] == []
+    with pytest.raises(IndexError):
+        cols[len(records)]
+    middle = sorted(t.t_ns for t in records)[len(records) // 2]
+    assert prune_known(cols, middle) == prune_known(records, middle)
