@@ -167,7 +167,8 @@ class KnownTensor(NamedTuple):
 class KnownTensors(Sequence[KnownTensor]):
     """Known tensors as a capture records them, in columns: a run records each parameter's gradient at
     every step (each step's gradients are new blocks), and a tuple of six fields and its integers took
-    about 200 bytes a record where these columns take 29. Reads as a sequence of `KnownTensor`."""
+    about 200 bytes a record where these columns take 28 (and one label a name). Reads as a sequence
+    of `KnownTensor`."""
 
     def __init__(self, tensors: Iterable[KnownTensor] = ()) -> None:
         self._t, self._ptr, self._bytes, self._label = array("q"), array("Q"), array("q"), array("I")
