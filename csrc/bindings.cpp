@@ -272,6 +272,5 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init(&make_grad_watch), py::arg("params"))
       .def("changed", &changed_grads,
            "int64 rows (parameter index, storage ptr, storage bytes, device type, device index) of the gradients "
-           "that are other tensors than at the last call (ptr -1: read that one from Python)")
-      .def("__len__", &memprof::GradWatch::size);
+           "that are other tensors than at the last call (ptr -1: read that one from Python)");
 }

@@ -29,7 +29,6 @@ class GradWatch {
   // The gradients that are other tensors than at the last call, or whose storage moved; none for a
   // parameter without one, nor for a gradient with no bytes.
   std::vector<GradBlock> changed();
-  size_t size() const { return params_.size(); }
 
  private:
   struct Seen {

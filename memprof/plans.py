@@ -175,10 +175,7 @@ class KnownTensors(Sequence[KnownTensor]):
         self._labels: list[tuple[str, str, str]] = []  # (device, category, name)
         self._label_ids: dict[tuple[str, str, str], int] = {}
         for t in tensors:
-            self.append(t)
-
-    def append(self, t: KnownTensor) -> None:
-        self.add(*t)
+            self.add(*t)
 
     def add(self, t_ns: int, device: str, ptr: int, nbytes: int, category: str, name: str) -> None:
         label = (device, category, name)

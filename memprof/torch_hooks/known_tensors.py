@@ -13,11 +13,11 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from memprof._events import device_name
 from memprof._native import native
 from memprof.plans import KnownTensors, prune_known
 
 _FULL_WALK_EVERY = 16  # optimizer steps between walks of its parameters and state (`record_optimizer`)
-_CPU = 0  # c10::DeviceType's CPU (a GradWatch reads CPU and CUDA tensors only)
 
 
 def _is_fake(tensor: Any) -> bool:
@@ -160,7 +160,6 @@ class KnownTensorRecorder:
         for index, ptr, nbytes, device_type, device_index in watch.changed().tolist():
             p, name = params[index]
             if ptr >= 0:
-                device = "cpu" if device_type == _CPU else f"cuda:{max(device_index, 0)}"
-                self.tensors.add(t_ns, device, ptr, nbytes, "gradient", name)
+                self.tensors.add(t_ns, device_name(device_type, device_index), ptr, nbytes, "gradient", name)
             elif (grad := p.grad) is not None:
                 self._add_tensor(t_ns, grad, "gradient", name)
