@@ -81,7 +81,7 @@ def save(cap: Parts, path: Path, overwrite: bool = True) -> Path:
             zf.writestr("plans.json", json.dumps({
                 "plans": [p.to_json() for p in cap.plans],
                 "graphs": [g.to_json() for g in cap.graphs],
-                "tensors": [list(t) for t in cap.tensors],
+                "tensors": [t.to_json() for t in cap.tensors],
             }, separators=(",", ":")))
             for i, g in enumerate(cap.graphs):
                 zf.writestr(f"wrappers/{i}.py", g.source)
@@ -389,8 +389,7 @@ def _plans(doc: Any, sources: dict[str, str], path: Path) -> tuple[list[Plan], l
         plans = [Plan.from_json(d) for d in doc.get("plans", [])]
         graphs = [CompiledGraph.from_json(d, sources.get(f"wrappers/{i}.py", ""))
                   for i, d in enumerate(doc.get("graphs", []))]
-        tensors = [KnownTensor(int(t[0]), str(t[1]), int(t[2]), int(t[3]), str(t[4]), str(t[5]))
-                   for t in doc.get("tensors", [])]
+        tensors = [KnownTensor.from_json(t) for t in doc.get("tensors", [])]
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError) as exc:
         raise CaptureFileError(f"{path}: corrupt capture (bad plans.json: {type(exc).__name__})") from None
     return plans, graphs, tensors

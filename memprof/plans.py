@@ -163,15 +163,24 @@ class KnownTensor(NamedTuple):
     category: str  # "parameter", "gradient" or "optimizer_state"
     name: str  # "layers.3.mlp.w", "layers.3.mlp.w.grad", "layers.3.mlp.w.exp_avg"
 
+    def to_json(self) -> list[Any]:
+        return list(self)
+
+    @classmethod
+    def from_json(cls, t: Sequence[Any]) -> KnownTensor:
+        return cls(int(t[0]), str(t[1]), int(t[2]), int(t[3]), str(t[4]), str(t[5]))
+
 
 class KnownTensors(Sequence[KnownTensor]):
-    """Known tensors as a capture records them, in columns: a run records each parameter's gradient at
-    every step (each step's gradients are new blocks), and a tuple of six fields and its integers took
-    about 200 bytes a record where these columns take 28 (and one label a name). Reads as a sequence
-    of `KnownTensor`."""
+    """Known tensors as a capture records them, in columns: a tuple of six fields and its integers
+    take about 200 bytes a record where these columns take 28 (and one label a name). Reads as a
+    sequence of `KnownTensor`. The records a spill holds may be let go (`release_before`): on the
+    CPU, every step's gradients lie at new addresses, a record each, and a long run would hold them
+    all; reading a released record raises IndexError."""
 
     def __init__(self, tensors: Iterable[KnownTensor] = ()) -> None:
         self._t, self._ptr, self._bytes, self._label = array("q"), array("Q"), array("q"), array("I")
+        self._released = 0  # records let go from the start
         self._labels: list[tuple[str, str, str]] = []  # (device, category, name)
         self._label_ids: dict[tuple[str, str, str], int] = {}
         for t in tensors:
@@ -189,7 +198,21 @@ class KnownTensors(Sequence[KnownTensor]):
         self._label.append(at)  # (last: the spill's thread reads up to its length while records are added)
 
     def __len__(self) -> int:
-        return len(self._label)
+        return self._released + len(self._label)
+
+    @property
+    def released(self) -> int:
+        """How many records, from the start, were let go."""
+        return self._released
+
+    def release_before(self, n: int) -> None:
+        """Let the first `n` records go (a spill holds them). Called by one thread while another adds:
+        each column loses its first records, and records are added at the end."""
+        k = min(n, len(self)) - self._released
+        if k > 0:
+            for col in (self._t, self._ptr, self._bytes, self._label):
+                del col[:k]
+            self._released += k
 
     @overload
     def __getitem__(self, i: int) -> KnownTensor: ...
@@ -203,6 +226,9 @@ class KnownTensors(Sequence[KnownTensor]):
         return self._at(range(len(self))[i])
 
     def _at(self, k: int) -> KnownTensor:
+        if k < self._released:
+            raise IndexError(f"known tensor {k} was let go (the spill holds the first {self._released:,})")
+        k -= self._released
         device, category, name = self._labels[self._label[k]]
         return KnownTensor(self._t[k], device, self._ptr[k], self._bytes[k], category, name)
 

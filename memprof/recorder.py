@@ -286,8 +286,9 @@ class Recorder:
         environment.note_backend(self.meta)
         strings = list(C.strings())
         C.release()
+        tensors = [] if rec is None else self.spill.session_tensors(rec.tensors) if self.spill else list(rec.tensors)
         self.cap.set_recorded(raw, strings, self.meta, threads, list(rec.plans) if rec else [],
-                              list(rec.graphs) if rec else [], list(rec.tensors) if rec else [], carried)
+                              list(rec.graphs) if rec else [], tensors, carried)
 
     def _events(self) -> tuple[np.ndarray | EventSource, list[CarriedBlock]]:
         """Every event and where the carried blocks were allocated: the ring's (what was carried into it,

@@ -30,7 +30,7 @@ import os
 import platform
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -41,7 +41,8 @@ from memprof._native import thread_table
 from memprof.console import say
 from memprof.deflate import StreamDeflater
 from memprof.errors import CaptureFileError, MemprofError, one_line
-from memprof.spill_read import HEAD, MAGIC, SpilledEvents, index_records, try_lock
+from memprof.plans import KnownTensor, KnownTensors
+from memprof.spill_read import HEAD, MAGIC, SpilledEvents, index_records, spilled_tensors, try_lock
 
 RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
 # the spill deflates its events as it writes them (the save then copies them) only where the process
@@ -307,10 +308,13 @@ class SpillWriter:
                 self._compiled = (key, json.dumps(doc, separators=(",", ":")).encode())
             self._record(b"P", self._compiled[1])
             self.plans, self.graphs = len(plans), len(graphs)
-        if len(tensors) > self.tensors:
-            doc = {"tensors": [list(t) for t in tensors[self.tensors:]]}
+        known = len(tensors)  # (read once: the script's thread adds records meanwhile)
+        if known > self.tensors:
+            doc = {"tensors": [t.to_json() for t in tensors[self.tensors:known]]}
             self._record(b"P", json.dumps(doc, separators=(",", ":")).encode())
-            self.tensors = len(tensors)
+            self.tensors = known
+        if not self.ring and isinstance(tensors, KnownTensors):  # (a ring's are pruned, and written anew)
+            tensors.release_before(self.tensors)  # on file: `session_tensors` reads them back
         self.pruned = pruned
         if time.monotonic() - self._synced >= SYNC_EVERY_S:  # (written more often when the store fills)
             os.fsync(self._fd)
@@ -343,6 +347,20 @@ class SpillWriter:
             return np.asarray(C.events()).view(EVENT_DTYPE)
         tail = np.asarray(C.events_range(self.events, max(int(C.event_count()) - self.events, 0))).view(EVENT_DTYPE)
         return SpilledEvents(self.path, self.events, tail, self.deflater)
+
+    def session_tensors(self, tensors: Sequence[KnownTensor]) -> list[KnownTensor]:
+        """Every known tensor of the session once it stopped: those the recorder let go (`flush`), read
+        back from the spill, then the recorder's own."""
+        released = tensors.released if isinstance(tensors, KnownTensors) else 0
+        try:
+            spilled = spilled_tensors(self.path, released) if released else []
+        except CaptureFileError as exc:
+            spilled = []
+            say(f"memprof: warning: {exc}")
+        if len(spilled) < released:
+            say(f"memprof: warning: {released - len(spilled):,} of the known tensors could not be read back from "
+                f"the spill: blocks they named are unattributed")
+        return spilled + list(tensors[released:])
 
     def close(self) -> None:
         """Write what is left and close the file (it stays until the capture is saved). The lock goes

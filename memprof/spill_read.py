@@ -18,6 +18,7 @@ from memprof.deflate import Deflated, StreamDeflater
 from memprof.errors import CaptureFileError
 from memprof.event_checks import check_fits
 from memprof.fileformat import Parts, checked, loads_json
+from memprof.plans import KnownTensor
 
 MAGIC = b"MEMPROF-SPILL 1\n"
 HEAD = struct.Struct("<cQ")  # a record's type byte and its payload's length
@@ -151,6 +152,25 @@ class SpilledEvents:
 
     def __del__(self) -> None:  # a capture never read: its removed spill's space is given back with it
         self.close()
+
+
+def spilled_tensors(path: Path, n: int) -> list[KnownTensor]:
+    """The first `n` known tensors the spill at `path` holds (its P records'), in the order written:
+    fewer where it holds fewer."""
+    out: list[KnownTensor] = []
+    try:
+        with open(path, "rb") as f:
+            for kind, at, length in index_records(f, path):
+                if kind == b"P" and len(out) < n:
+                    f.seek(at)
+                    value = loads_json(f.read(length), "spill record P", path)
+                    rows = value.get("tensors", []) if isinstance(value, dict) else []
+                    out += [KnownTensor.from_json(t) for t in rows[: n - len(out)]]
+    except OSError as exc:
+        raise CaptureFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except (TypeError, ValueError) as exc:
+        raise CaptureFileError(f"{path}: corrupt spill (bad known tensors: {type(exc).__name__})") from None
+    return out
 
 
 def read(path: Path) -> Parts:

@@ -172,6 +172,41 @@ def test_a_streamed_capture_is_saved_from_its_spill_without_reading_it_into_memo
     assert np.array_equal(saved.raw, cap.raw) and saved.peak("cpu") == cap.peak("cpu")
 
 
+def test_a_streamed_capture_lets_go_of_the_known_tensors_its_spill_holds(tmp_path: Path) -> None:
+    """Every step's gradients are new blocks (zero_grad(set_to_none=True)), a record each: once the spill
+    holds them the recorder lets them go (a long run would hold them all), and the capture and its file
+    still have every one, in order, naming each step's blocks."""
+    import torch
+
+    from memprof import recorder
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+
+    def steps(n: int) -> None:
+        for _ in range(n):
+            model(torch.randn(4, 8)).sum().backward()
+            seen.extend((p.grad.untyped_storage().data_ptr(), p.grad.untyped_storage().nbytes())
+                        for p in model.parameters())
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+    with memprof.capture(output=tmp_path / "run.memprof", scopes="none") as cap:
+        rec = recorder.current()
+        assert rec is not None and rec.spill is not None and rec.plan_recorder is not None
+        steps(30)
+        time.sleep(0.6)  # a flush of the spill
+        known = rec.plan_recorder.tensors
+        assert known.released >= 30 * 4 and len(known) - known.released < 30 * 4, (known.released, len(known))
+        with pytest.raises(IndexError, match="let go"):
+            known[0]
+        steps(10)
+    grads = [(t.ptr, t.bytes) for t in cap.tensors if t.category == "gradient"]
+    assert grads == seen
+    assert memprof.load(tmp_path / "run.memprof").tensors == cap.tensors
+
+
 def test_what_runs_beside_the_save_reads_the_events_as_the_save_writes_them(tmp_path: Path) -> None:
     """`memprof trace` makes its summary on a thread of its own while the capture is saved from the
     spill: both read the spilled events at once (at offsets, one descriptor), each gets all of them,
