@@ -188,6 +188,11 @@ def random_count(gm: Any) -> int:
 # the same estimate for less recomputation).
 LADDER = (0.01, 0.02)
 LADDER_DOWN = (0.75, 0.5, 0.25)  # fractions of the requested budget
+# Where a rung's set recomputes past the allowance and the rung above it does not, the ladder halves
+# the gap between them this many times: a knapsack at a budget between two rungs can hold less than
+# the upper one's for less recomputation than the lower one's (the paper BERT at 0.10, batch 2 on the
+# CPU: 329.0 -> 296.0 MB measured, per-layer checkpointing 294.6; docs/benchmarks.md, "Session 22")
+BISECTIONS = 2
 
 
 class _SaveHook:
@@ -232,31 +237,52 @@ class _SaveHook:
         stock_idx = [index[n] for n in stock if n in index]
         own = choose_saves(joint, stock_idx, time_limit=self.time_limit, pinned=pins)
         decision, start, start_budget = own, stock, budget
-        seen = {frozenset(stock_idx)}
-        tried = 0
+        seen = {frozenset(stock_idx): False}  # saved sets tried: whether past the allowance
+        tried: list[float] = []
         work = step_work(joint)
         recompute_cap = recompute_limit(own.stock, work)
         t_ladder = time.perf_counter()
         cap = max(30.0, 10 * self.time_limit)  # a guard for huge graphs (far above what the models measured take)
-        around = [round(budget + step, 6) for step in self.ladder] + [round(budget * f, 6) for f in self.down]
-        for b in around if 0.0 <= budget < 1.0 else ():
-            if b >= 1.0 or b <= 0.0 or b == budget:
-                continue
-            if time.perf_counter() - t_ladder > cap:
-                self.report.notes.append(f"other budgets' starting points stopped after {cap:.0f} s")
-                break
+
+        def start_from(b: float) -> bool | None:
+            """Budget `b`'s stock set as a starting point, kept where `preferred`; whether its plan
+            recomputes past the allowance (as when first tried, for a set tried before; None: not tried)."""
+            nonlocal decision, start, start_budget
+            if b >= 1.0 or b <= 0.0 or b == budget or time.perf_counter() - t_ladder > cap:
+                return None
             with boykov_kolmogorov():
                 cand = self.original(joint_graph, node_info, memory_budget=b)
             cand_idx = [index[n] for n in cand if n in index]
-            if frozenset(cand_idx) in seen:
-                continue
-            seen.add(frozenset(cand_idx))
-            tried += 1
+            key = frozenset(cand_idx)
+            if key in seen:
+                return seen[key]
+            tried.append(b)
             d = choose_saves(joint, cand_idx, time_limit=self.time_limit, pinned=pins, recompute_cap=recompute_cap)
             if preferred(d.chosen, decision.chosen, own.stock, work):
                 decision, start, start_budget = d, cand, b
+            seen[key] = d.chosen.recompute_cost > recompute_cap
+            return seen[key]
+
+        if 0.0 <= budget < 1.0:
+            for step in self.ladder:
+                start_from(round(budget + step, 6))
+            within, past = 1.0, 0.0  # the lowest rung within the allowance, the highest below it past it
+            for f in self.down:
+                over = start_from(round(budget * f, 6))
+                if over is False:
+                    within = min(within, f)
+                elif over and f < within:
+                    past = max(past, f)
+            for _ in range(BISECTIONS if past > 0.0 else 0):
+                f = (within + past) / 2
+                over = start_from(round(budget * f, 6))
+                if over is None:
+                    break
+                within, past = (within, f) if over else (f, past)
+            if time.perf_counter() - t_ladder > cap:
+                self.report.notes.append(f"other budgets' starting points stopped after {cap:.0f} s")
         r = self.report
-        r.ladder_tried = tried
+        r.ladder_tried, r.ladder_budgets = len(tried), tried
         r.start_budget = start_budget if start_budget != budget else None
         r.stock_estimate = own.stock.peak
         r.saves_estimate = decision.chosen.peak

@@ -17,6 +17,7 @@ class RematReport:
     # saved-set choice (estimates in bytes, from memprof's liveness walk of the simulated programs)
     start_budget: float | None = None  # another budget whose stock saved set the chosen one grew from
     ladder_tried: int = 0  # other budgets' stock saved sets tried as starting points
+    ladder_budgets: list[float] = field(default_factory=list)  # those budgets, in the order tried
     stock_estimate: int | None = None  # stock plan: max(forward, backward) peak
     saves_estimate: int | None = None  # after the saved-set choice
     fw_estimate: int | None = None
