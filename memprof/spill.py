@@ -42,7 +42,7 @@ from memprof.console import say
 from memprof.deflate import StreamDeflater
 from memprof.errors import CaptureFileError, MemprofError, one_line
 from memprof.plans import KnownTensor, KnownTensors
-from memprof.spill_read import HEAD, MAGIC, SpilledEvents, index_records, spilled_tensors, try_lock
+from memprof.spill_read import HEAD, MAGIC, TENSORS_RECORD, SpilledEvents, index_records, spilled_tensors, try_lock
 
 RECORD_EVENTS = 1 << 15  # events per record (1.8 MB)
 # the spill deflates its events as it writes them (the save then copies them) only where the process
@@ -310,8 +310,8 @@ class SpillWriter:
             self.plans, self.graphs = len(plans), len(graphs)
         known = len(tensors)  # (read once: the script's thread adds records meanwhile)
         if known > self.tensors:
-            doc = {"tensors": [t.to_json() for t in tensors[self.tensors:known]]}
-            self._record(b"P", json.dumps(doc, separators=(",", ":")).encode())
+            rows = json.dumps([t.to_json() for t in tensors[self.tensors:known]], separators=(",", ":"))
+            self._record(b"P", TENSORS_RECORD + rows.encode() + b"}")  # ({"tensors": rows})
             self.tensors = known
         if not self.ring and isinstance(tensors, KnownTensors):  # (a ring's are pruned, and written anew)
             tensors.release_before(self.tensors)  # on file: `session_tensors` reads them back

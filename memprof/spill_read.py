@@ -22,6 +22,7 @@ from memprof.plans import KnownTensor
 
 MAGIC = b"MEMPROF-SPILL 1\n"
 HEAD = struct.Struct("<cQ")  # a record's type byte and its payload's length
+TENSORS_RECORD = b'{"tensors":'  # how a P record of known tensors begins (`SpillWriter` writes it so)
 
 
 def try_lock(fd: int) -> bool:
@@ -155,20 +156,23 @@ class SpilledEvents:
 
 
 def spilled_tensors(path: Path, n: int) -> list[KnownTensor]:
-    """The first `n` known tensors the spill at `path` holds (its P records'), in the order written:
-    fewer where it holds fewer."""
+    """The first `n` known tensors the spill at `path` holds (its P records of known tensors, not
+    those of compile plans, which can take megabytes), in the order written: fewer where it holds fewer."""
     out: list[KnownTensor] = []
     try:
         with open(path, "rb") as f:
             for kind, at, length in index_records(f, path):
-                if kind == b"P" and len(out) < n:
-                    f.seek(at)
-                    value = loads_json(f.read(length), "spill record P", path)
-                    rows = value.get("tensors", []) if isinstance(value, dict) else []
-                    out += [KnownTensor.from_json(t) for t in rows[: n - len(out)]]
+                if kind != b"P" or len(out) >= n:
+                    continue
+                f.seek(at)
+                if f.read(len(TENSORS_RECORD)) != TENSORS_RECORD:
+                    continue
+                f.seek(at)
+                value = loads_json(f.read(length), "spill record P", path)
+                out += [KnownTensor.from_json(t) for t in value["tensors"][: n - len(out)]]
     except OSError as exc:
         raise CaptureFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, KeyError, IndexError) as exc:
         raise CaptureFileError(f"{path}: corrupt spill (bad known tensors: {type(exc).__name__})") from None
     return out
 
