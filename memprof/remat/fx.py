@@ -179,19 +179,15 @@ def random_count(gm: Any) -> int:
 # the layers better, so a smaller budget need not end higher than a nearby larger one; a smaller
 # budget's set (a fraction of the requested one) can hold far less for nearly the same work (the
 # bf16 GQA decoder at 0.10 and batch 16: from 5,292 to 4,873 MB, under per-layer checkpointing, from
-# budget 0.05's set, at 0.98x stock's GPU time). All steps run unless a step takes unusually long
-# (`_SaveHook.decide`), so a plan does not depend on the machine's speed. Each step costs a stock
-# knapsack (docs/benchmarks.md, "Figures behind design choices", "Session 14", "Session 16"). The
-# rung at 0.75 is the paper BERT's at 0.10: budget 0.05's set recomputes 3.8% of the step's work
-# more than 0.10's stock plan, past the allowance; 0.075's recomputes 1.9% more (batch 2 on the
-# CPU: 393.5 -> 329.0 MB measured; "Session 18": the GPT-2 and GQA probes chose as before, ViT's
-# the same estimate for less recomputation).
+# budget 0.05's set, at 0.98x stock's GPU time). All steps run unless one takes unusually long
+# (`_SaveHook.decide`): a plan does not depend on the machine's speed. Each costs a stock knapsack
+# (docs/benchmarks.md, "Figures behind design choices", "Sessions 14, 16, 18"; 0.75: the paper BERT's).
 LADDER = (0.01, 0.02)
 LADDER_DOWN = (0.75, 0.5, 0.25)  # fractions of the requested budget
 # Where a rung's set recomputes past the allowance and the rung above it does not, the ladder halves
-# the gap between them this many times: a knapsack at a budget between two rungs can hold less than
-# the upper one's for less recomputation than the lower one's (the paper BERT at 0.10, batch 2 on the
-# CPU: 329.0 -> 296.0 MB measured, per-layer checkpointing 294.6; docs/benchmarks.md, "Session 22")
+# the gap between them this many times: a budget between two rungs can hold less than the upper
+# one's for less recomputation than the lower one's (the paper BERT at 0.10, batch 2, CPU: 329.0 ->
+# 296.0 MB, per-layer checkpointing 294.6; docs/benchmarks.md, "Session 22")
 BISECTIONS = 2
 
 
