@@ -17,7 +17,8 @@ except ImportError as exc:  # pragma: no cover - build-time message
     sys.exit(f"memprof: building needs torch importable ({exc}); install torch first, "
              "then: pip install --no-build-isolation -e .")
 
-SOURCES = ["csrc/events.cpp", "csrc/capture.cpp", "csrc/signals.cpp", "csrc/grads.cpp", "csrc/bindings.cpp"]
+SOURCES = ["csrc/events.cpp", "csrc/capture.cpp", "csrc/signals.cpp", "csrc/grads.cpp", "csrc/maxflow.cpp",
+           "csrc/bindings.cpp"]
 # The C++ standard is torch's choice (-std=c++17 on torch 2.11, c++20 on 2.13); the code builds with both.
 CXX_FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 

@@ -18,6 +18,7 @@
 #include "capture.h"
 #include "events.h"
 #include "grads.h"
+#include "maxflow.h"
 #include "signals.h"
 
 namespace py = pybind11;
@@ -165,6 +166,23 @@ py::array_t<int64_t> changed_grads(memprof::GradWatch& watch) {
   return out;
 }
 
+py::tuple min_cut(const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& src,
+                  const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& dst,
+                  const py::array_t<double, py::array::c_style | py::array::forcecast>& cap, int64_t n, int64_t s,
+                  int64_t t) {
+  if (src.ndim() != 1 || dst.ndim() != 1 || cap.ndim() != 1 || src.size() != dst.size() || src.size() != cap.size()) {
+    throw std::invalid_argument("min_cut takes three 1-d arrays of one length (sources, targets, capacities)");
+  }
+  memprof::MinCut cut;
+  {
+    py::gil_scoped_release release;
+    cut = memprof::min_cut(n, src.data(), dst.data(), cap.data(), src.size(), s, t);
+  }
+  py::array_t<bool> sink(static_cast<py::ssize_t>(cut.sink_side.size()));
+  std::copy(cut.sink_side.begin(), cut.sink_side.end(), sink.mutable_data());
+  return py::make_tuple(cut.value, sink);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -262,6 +280,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("mark", [](const std::string& label) { memprof::mark(label); });
   m.def("now_ns", &memprof::now_ns);
   m.def("event_layout", &event_layout);
+  m.def("min_cut", &min_cut, py::arg("src"), py::arg("dst"), py::arg("cap"), py::arg("n"), py::arg("s"), py::arg("t"),
+        "A minimum s-t cut (Dinic): (value, per node whether it reaches t in the residual network).");
   m.def("constants", &constants);
   m.def("cuda_built", &memprof::cuda_built);
   m.def("attach_cuda_tracker", &memprof::attach_cuda_tracker);

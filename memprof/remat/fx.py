@@ -19,6 +19,7 @@ from typing import Any
 
 from memprof.errors import one_line
 from memprof.plans import layer_of
+from memprof.remat.flow import minimum_cut
 from memprof.remat.graph import (
     ATTENTION,
     HEAVY,
@@ -47,7 +48,7 @@ from memprof.torch_hooks.fx import (
     size_hint,
     tensor_bytes,
 )
-from memprof.torch_hooks.partitioner import boykov_kolmogorov, saved_set_choice
+from memprof.torch_hooks.partitioner import saved_set_choice
 
 _HEAVY = {"mm", "bmm", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "convolution", "_convolution",
           "_scaled_mm", "matmul", "linear"}
@@ -205,7 +206,7 @@ class _SaveHook:
         self.seconds = 0.0  # spent deciding (inside the partitioner call)
 
     def __enter__(self) -> _SaveHook:
-        self._block = saved_set_choice(self._choose)
+        self._block = saved_set_choice(self._choose, minimum_cut)
         self._block.__enter__()
         return self
 
@@ -246,8 +247,7 @@ class _SaveHook:
             nonlocal decision, start, start_budget
             if b >= 1.0 or b <= 0.0 or b == budget or time.perf_counter() - t_ladder > cap:
                 return None
-            with boykov_kolmogorov():
-                cand = self.original(joint_graph, node_info, memory_budget=b)
+            cand = self.original(joint_graph, node_info, memory_budget=b)
             cand_idx = [index[n] for n in cand if n in index]
             key = frozenset(cand_idx)
             if key in seen:

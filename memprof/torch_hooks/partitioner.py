@@ -1,5 +1,6 @@
 """Inside the min-cut partitioner, for the remat pass: its saved-set choice replaced for one
-partitioner call, the knapsack's repeated work memoized, and networkx's faster max-flow."""
+partitioner call, the knapsack's repeated work memoized, and its minimum cuts solved by another
+solver."""
 
 from __future__ import annotations
 
@@ -11,17 +12,22 @@ from memprof.torch_hooks.patch import Patches
 
 # (the stock choice, joint graph, node info, the stock saved set, budget) -> the saved set to use
 Choice = Callable[[Callable[..., list[Any]], Any, Any, list[Any], float], list[Any]]
+# (networkx graph, source, sink, capacity attribute) -> networkx.minimum_cut's answer, or ValueError
+MinCut = Callable[[Any, Any, Any, str], tuple[float, tuple[set[Any], set[Any]]]]
 
 
 @contextlib.contextmanager
-def saved_set_choice(choose: Choice) -> Iterator[None]:
+def saved_set_choice(choose: Choice, min_cut: MinCut | None = None) -> Iterator[None]:
     """Within: the partitioner's `choose_saved_values_set` returns `choose(stock_choice, joint_graph,
     node_info, stock_saved_set, budget)`. The knapsack at every budget starts from the same
     three min-cuts and prices the same candidates, so `solve_min_cut` and `estimate_runtime`
-    are memoized for the block (`stock_choice` at other budgets reuses them)."""
+    are memoized for the block (`stock_choice` at other budgets reuses them). `min_cut` answers
+    the partitioner's `networkx.minimum_cut` calls (networkx itself where it raises ValueError)."""
+    import networkx as nx  # type: ignore[import-untyped]
     import torch._functorch.partitioners as P
 
     original = P.choose_saved_values_set
+    original_cut = nx.minimum_cut
     original_min_cut = P.solve_min_cut
     original_runtime = P.estimate_runtime
     memo: dict[tuple[int, str, frozenset[Any]], tuple[list[Any], Any]] = {}
@@ -44,27 +50,17 @@ def saved_set_choice(choose: Choice) -> Iterator[None]:
         budget = float(kwargs.get("memory_budget", args[0] if args else 1.0))
         return choose(original, joint_graph, node_info, stock, budget)
 
+    def minimum_cut(graph: Any, s: Any, t: Any, capacity: str = "capacity", **kwargs: Any) -> Any:
+        if min_cut is not None and not kwargs:  # (a flow_func or residual asked for: networkx's own)
+            try:
+                return min_cut(graph, s, t, capacity)
+            except ValueError:
+                pass
+        return original_cut(graph, s, t, capacity=capacity, **kwargs)
+
     with Patches() as patches:
         patches.set("torch._functorch.partitioners", "choose_saved_values_set", choose_saved_values_set)
+        patches.set("networkx", "minimum_cut", minimum_cut)
         patches.set("torch._functorch.partitioners", "solve_min_cut", solve_min_cut)
         patches.set("torch._functorch.partitioners", "estimate_runtime", estimate_runtime)
-        yield
-
-
-@contextlib.contextmanager
-def boykov_kolmogorov() -> Iterator[None]:
-    """The partitioner's min-cuts with networkx's Boykov-Kolmogorov max-flow: faster than its
-    default (preflow-push) on large joint graphs, same cut value (docs/remat.md); where minimum
-    cuts tie it may return another one."""
-    import networkx as nx  # type: ignore[import-untyped]
-    from networkx.algorithms.flow import boykov_kolmogorov as flow  # type: ignore[import-untyped]
-
-    original = nx.minimum_cut
-
-    def minimum_cut(graph: Any, s: Any, t: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("flow_func", flow)
-        return original(graph, s, t, **kwargs)
-
-    with Patches() as patches:
-        patches.set("networkx", "minimum_cut", minimum_cut)
         yield
