@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from memprof.remat.graph import HEAVY, ITEM, RANDOM, VIEW, Node, walk
+from memprof.remat.graph import HEAVY, ITEM, RANDOM, VIEW, Node, NodeArrays, walk
 
 
 @dataclass
@@ -55,6 +55,7 @@ class Joint:
                 users[k].append(j)
         self.users = users
         self._inputs = set(self.primals) | set(self.tangents)
+        self.arrays = NodeArrays.of(self.nodes)  # (the nodes do not change: every walk of them shares it)
 
 
 @dataclass
@@ -168,9 +169,9 @@ def evaluate(joint: Joint, saved: set[int], fuse: bool = True) -> Evaluation:
     used = frozenset(r for r in reads if r not in joint.tangents)
     fw = forward_order(joint, used)
     keep = [*joint.fw_outputs, *(j for j in used if j not in joint._inputs)]
-    fw_walk = walk(joint.nodes, fw, (), keep, fuse=fuse, detail=True)
+    fw_walk = walk(joint.arrays, fw, (), keep, fuse=fuse, detail=True)
     bw = backward_order(joint, execute)
-    bw_walk = walk(joint.nodes, bw, reads, joint.bw_outputs, fuse=fuse, detail=True)
+    bw_walk = walk(joint.arrays, bw, reads, joint.bw_outputs, fuse=fuse, detail=True)
     recomputed = sorted(j for j in execute if joint.forward[j])
     saved_bytes = sum(joint.nodes[j].nbytes for j in used if not joint.nodes[j].resident)
     junction = saved_bytes + handed_over(joint, used)
