@@ -92,10 +92,22 @@ class SaveDecision:
 
 def backward_needs(joint: Joint, saved: set[int]) -> tuple[set[int], set[int]]:
     """(nodes the backward executes, inputs it reads) for a saved set: the closure of its outputs."""
+    return _close(joint, saved, set(), set(), list(joint.bw_outputs))
+
+
+def needs_without(joint: Joint, needs: tuple[set[int], set[int]], saved: set[int],
+                  j: int) -> tuple[set[int], set[int]]:
+    """`backward_needs(joint, saved)` where `needs` are those of `saved | {j}`: the backward now
+    also recomputes what making `j` takes (the closure only grows where a saved value is dropped)."""
+    execute, reads = needs
+    if j not in reads or j in joint._inputs:  # (the backward never reads it: nothing changes)
+        return needs
+    return _close(joint, saved, set(execute), reads - {j}, [j])
+
+
+def _close(joint: Joint, saved: set[int], execute: set[int], reads: set[int],
+           stack: list[int]) -> tuple[set[int], set[int]]:
     nodes = joint.nodes
-    execute: set[int] = set()
-    reads: set[int] = set()
-    stack = list(joint.bw_outputs)
     while stack:
         j = stack.pop()
         if j in execute or j in reads:
@@ -164,8 +176,10 @@ def handed_over(joint: Joint, saved: Iterable[int] = ()) -> int:
     return tangents + min(outputs, tangents)
 
 
-def evaluate(joint: Joint, saved: set[int], fuse: bool = True) -> Evaluation:
-    execute, reads = backward_needs(joint, saved)
+def evaluate(joint: Joint, saved: set[int], fuse: bool = True,
+             needs: tuple[set[int], set[int]] | None = None) -> Evaluation:
+    """Simulate saved set `saved` (`needs`: its `backward_needs`, where known)."""
+    execute, reads = needs if needs is not None else backward_needs(joint, saved)
     used = frozenset(r for r in reads if r not in joint.tangents)
     fw = forward_order(joint, used)
     keep = [*joint.fw_outputs, *(j for j in used if j not in joint._inputs)]
@@ -222,15 +236,15 @@ def boundary_values(joint: Joint, execute: set[int]) -> list[int]:
     return out
 
 
-def _chains_layers(joint: Joint, saved: set[int], j: int) -> bool:
+def _chains_layers(joint: Joint, execute: set[int], j: int) -> bool:
     """Whether, without `j` saved, the backward recomputes matrix multiplies of two or more layers
     to make `j`, which feeds another layer's recomputation: a chain down the residual stream.
     Inductor fuses a chain of residual adds into one kernel, which runs once every layer's
     recomputed projections are made, so all of them are live at once (the walk's estimate schedules
     each value just before its first use and does not see it). One layer's boundary recomputed from
     the saved boundary below it holds that layer's projections only, which the estimate sees; so
-    does a chain over saved projections, which recomputes pointwise ops only."""
-    execute, _ = backward_needs(joint, saved)
+    does a chain over saved projections, which recomputes pointwise ops only. `execute`: what the
+    backward executes without `j` saved."""
     nodes = joint.nodes
     if j not in execute or not any(u in execute and joint.forward[u] and nodes[u].layer != nodes[j].layer
                                    for u in joint.users[j]):
@@ -317,6 +331,7 @@ def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fu
         if (trial.peak, trial.recompute_cost) < (current.peak, current.recompute_cost):
             saved |= set(extra)
             current = trial
+            needs = backward_needs(joint, saved)
             added = list(extra)
             # drop a boundary only where the estimate says that lowers the peak (largest first). A
             # boundary whose removal merely leaves the estimate unchanged stays: without it the
@@ -333,14 +348,16 @@ def choose_saves(joint: Joint, stock: Sequence[int], time_limit: float = 3.0, fu
                 if time.perf_counter() - t0 > time_limit:
                     decision.notes.append(f"pruning stopped after {time_limit:.1f} s")
                     break
-                if _chains_layers(joint, saved - {j}, j):
+                fewer = saved - {j}
+                trial_needs = needs_without(joint, needs, fewer, j)
+                if _chains_layers(joint, trial_needs[0], j):
                     continue
-                trial = evaluate(joint, saved - {j}, fuse)
+                trial = evaluate(joint, fewer, fuse, trial_needs)
                 evaluations += 1
                 if trial.peak < current.peak and trial.recompute_cost <= recompute_cap:
                     saved.discard(j)
                     added.remove(j)
-                    current = trial
+                    current, needs = trial, trial_needs
             decision.added = added
     decision.saved = sorted(saved)
     decision.chosen = current

@@ -17,6 +17,7 @@ from memprof.remat.saves import (
     choose_saves,
     evaluate,
     handed_over,
+    needs_without,
     preferred,
     step_work,
 )
@@ -181,10 +182,26 @@ def test_a_boundary_stays_where_dropping_it_chains_matmuls_across_layers() -> No
     joint, _ = _chain_joint(4)
     names = {n.name: i for i, n in enumerate(joint.nodes)}
     boundaries = {names[f"h{i}"] for i in range(1, 4)}
-    assert not _chains_layers(joint, {0, 1} | boundaries - {names["h2"]}, names["h2"])
-    assert _chains_layers(joint, {0, 1} | boundaries - {names["h1"], names["h2"]}, names["h2"])
-    assert not _chains_layers(joint, {0, 1, names["mm0"]} | boundaries - {names["h1"], names["h2"]}, names["h2"])
-    assert not _chains_layers(joint, {0, 1} | boundaries, names["h2"])  # (saved: nothing recomputes it)
+
+    def chains(saved: set[int], j: int) -> bool:
+        return _chains_layers(joint, backward_needs(joint, saved)[0], j)
+
+    assert not chains({0, 1} | boundaries - {names["h2"]}, names["h2"])
+    assert chains({0, 1} | boundaries - {names["h1"], names["h2"]}, names["h2"])
+    assert not chains({0, 1, names["mm0"]} | boundaries - {names["h1"], names["h2"]}, names["h2"])
+    assert not chains({0, 1} | boundaries, names["h2"])  # (saved: nothing recomputes it)
+
+
+def test_what_dropping_one_saved_value_adds_is_the_closure_without_it() -> None:
+    """`needs_without` grows the backward's closure by what remaking the dropped value takes:
+    the same sets as the closure computed anew, for every saved subset of a chain and every value."""
+    joint, _ = _chain_joint(3, random_layer=1)
+    forward = [j for j, fw in enumerate(joint.forward) if fw]
+    for mask in range(0, 1 << len(forward), 7):
+        saved = {j for b, j in enumerate(forward) if mask >> b & 1}
+        for j in saved:
+            assert needs_without(joint, backward_needs(joint, saved), saved - {j}, j) == \
+                backward_needs(joint, saved - {j})
 
 
 def test_random_ops_are_never_recomputed_and_the_mask_is_the_cheapest_cut() -> None:
