@@ -10,7 +10,10 @@ the model replays them: the smallest free block of the request's pool and stream
 enough (the lowest address among equal sizes), split from its front; a new segment (2 MiB for small
 requests, 20 MiB for requests under 10 MiB, else the request rounded up to 2 MiB) where none is; a
 freed block merged with free neighbours of its segment. Segments are never returned (no
-`empty_cache`, no retry after a failed cudaMalloc). The allocator's options
+`empty_cache`, no retry after a failed cudaMalloc), and no requests but those it is given: a
+compiled graph's first call also allocates what Triton's autotuning benchmarks (Inductor flushes
+the L2 cache with a buffer of its size before each timing), which can leave segments a prediction
+does not make (docs/fit.md). The allocator's options
 (`PYTORCH_CUDA_ALLOC_CONF`: max_split_size_mb, roundup_power2_divisions, expandable_segments) are not
 modelled: `settings_modelled` says whether a configuration string is one the model holds for.
 """
