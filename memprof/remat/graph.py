@@ -119,7 +119,8 @@ def walk(nodes: Sequence[Node] | NodeArrays, order: Sequence[int], start: Iterab
     """Estimate the peak of running `order` with `start` live at entry and `keep` live at exit.
 
     `order` lists node indices to execute; inputs of executed nodes must be in `start` or
-    executed earlier (or be resident). Positions in the result refer to `order`.
+    executed earlier (or be resident). Positions in the result refer to `order`. `nodes` may be
+    given as their `NodeArrays` (a graph walked many times).
     """
     g = nodes if isinstance(nodes, NodeArrays) else NodeArrays.of(nodes)
     n = len(g)
