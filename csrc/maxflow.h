@@ -1,6 +1,6 @@
 // A minimum s-t cut for the remat pass: the min-cut partitioner's flow networks (a node per FX value,
-// tens of thousands of edges) cut in milliseconds, where networkx's max-flow takes a second each.
-// Plain C++; no torch or Python headers here.
+// tens of thousands of edges), where networkx's Python max-flow was most of the pass's time
+// (docs/benchmarks.md, session 23). Plain C++; no torch or Python headers here.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 """networkx's `minimum_cut` for the min-cut partitioner's flow networks, solved by memprof's native
-max-flow (Dinic's, in C++): the same partition, in milliseconds where networkx's Python max-flow
-takes about half a second a cut on a 32-layer joint graph (docs/benchmarks.md, session 23).
+max-flow (Dinic's, in C++): the same partition, many times faster than networkx's Python max-flow
+on a deep model's joint graph (docs/benchmarks.md, session 23).
 
 The partition is the one networkx returns whatever max-flow it runs: the sink side is every node
 that can still reach the sink in the residual network, which is the same set for every maximum flow.
