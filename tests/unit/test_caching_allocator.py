@@ -194,18 +194,14 @@ def test_an_optimizer_step_above_the_steps_own_peak_is_the_peak() -> None:
     del opt
 
 
-def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> None:
-    """A prediction has the allocator only as it was before the first step (no step ran): the step's
-    requests run twice from there, with the optimizer's first-step state (AdamW: step, exp_avg,
-    exp_avg_sq per parameter) allocated between, and the second step's peak counts blocks. On the
-    GQA fixture: 0.24% above the measured step peak, where the requests alone are 0.96% below."""
-    from memprof._events import Kind
+def _gqa_prediction_inputs(cap: Any) -> tuple[CachingAllocatorModel, list[int]]:
+    """What a prediction of the GQA fixture's steps starts from: the allocator model as it was
+    before the first step (replayed from the capture) and the optimizer state's requests made in
+    the first step (what `OptimizerStep` allocates between the steps)."""
     from memprof.analysis.attribution import Category
-    from memprof.sweep.measure import _windows, measure
+    from memprof.sweep.measure import _windows
     from memprof.sweep.probe import preload
-    from memprof.sweep.step_estimate import estimate_capture_plans
 
-    cap = memprof.load(FIXTURES / "gqa_blocks_cuda.memprof")
     tl, raw = cap.timeline("cuda:0"), cap.raw
     windows, _ = _windows(cap, "cuda:0")
     preload(cap.info.scratch_probes)
@@ -215,6 +211,20 @@ def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> No
     first_step = [(i, r) for i, r in enumerate(tl.rows.tolist()) if windows[0][0] <= r < windows[0][1]]
     state = [int(raw["aux"][r]) for i, r in first_step
              if tl.is_alloc[i] and labels.category[i] == Category.OPTIMIZER_STATE]
+    return before, state
+
+
+def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> None:
+    """A prediction has the allocator only as it was before the first step (no step ran): the step's
+    requests run twice from there, with the optimizer's first-step state (AdamW: step, exp_avg,
+    exp_avg_sq per parameter) allocated between, and the second step's peak counts blocks. On the
+    GQA fixture: 0.24% above the measured step peak, where the requests alone are 0.96% below."""
+    from memprof.sweep.measure import measure
+    from memprof.sweep.step_estimate import estimate_capture_plans
+
+    cap = memprof.load(FIXTURES / "gqa_blocks_cuda.memprof")
+    tl = cap.timeline("cuda:0")
+    before, state = _gqa_prediction_inputs(cap)
     assert len(state) == 63  # 21 parameters
     est = estimate_capture_plans(cap.plans, cap.graphs, "cuda:0", torch_version="2.11.0", allocator=before,
                                  between=OptimizerStep(state))  # (fused AdamW: no temporaries)
@@ -242,9 +252,6 @@ def test_the_reserved_bytes_the_model_misses_are_the_autotuning_benchmarks_cache
     benchmark) made six 20 MiB segments; every other segment matches in number and size."""
     from collections import Counter
 
-    from memprof.analysis.attribution import Category
-    from memprof.sweep.measure import _windows
-    from memprof.sweep.probe import preload
     from memprof.sweep.step_estimate import estimate_capture_plans
 
     cap = memprof.load(FIXTURES / "gqa_blocks_cuda.memprof")
@@ -265,18 +272,11 @@ def test_the_reserved_bytes_the_model_misses_are_the_autotuning_benchmarks_cache
             made.append(size // MiB)
             return super()._segment(small, stream, size)
 
-    windows, _ = _windows(cap, "cuda:0")
-    preload(cap.info.scratch_probes)
-    first_scope = int(np.flatnonzero(raw["kind"] == Kind.SCOPE_BEGIN)[0])
-    before = model_at(raw, tl, tl.pos_before_row(first_scope))
-    assert before is not None
+    before, state = _gqa_prediction_inputs(cap)
     before.__class__ = Counting  # (its copies count the segments they make)
+    first_scope = int(np.flatnonzero(raw["kind"] == Kind.SCOPE_BEGIN)[0])
     early = cuda & (raw["kind"] == Kind.SEGMENT_ALLOC) & (np.arange(len(raw)) < first_scope)
     before_segments = Counter((raw["bytes"][early] // MiB).tolist())
-    labels = cap.labels("cuda:0")
-    first_step = [(i, r) for i, r in enumerate(tl.rows.tolist()) if windows[0][0] <= r < windows[0][1]]
-    state = [int(raw["aux"][r]) for i, r in first_step
-             if tl.is_alloc[i] and labels.category[i] == Category.OPTIMIZER_STATE]
     estimate_capture_plans(cap.plans, cap.graphs, "cuda:0", torch_version="2.11.0", allocator=before,
                            between=OptimizerStep(state))
     model = before_segments + Counter(made)
