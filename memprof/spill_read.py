@@ -165,10 +165,10 @@ def spilled_tensors(path: Path, n: int) -> list[KnownTensor]:
                 if kind != b"P" or len(out) >= n:
                     continue
                 f.seek(at)
-                if f.read(len(TENSORS_RECORD)) != TENSORS_RECORD:
+                head = f.read(len(TENSORS_RECORD))
+                if head != TENSORS_RECORD:
                     continue
-                f.seek(at)
-                value = loads_json(f.read(length), "spill record P", path)
+                value = loads_json(head + f.read(length - len(head)), "spill record P", path)
                 out += [KnownTensor.from_json(t) for t in value["tensors"][: n - len(out)]]
     except OSError as exc:
         raise CaptureFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
