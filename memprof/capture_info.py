@@ -78,6 +78,11 @@ def _probes(v: Any) -> bool:
         and isinstance(p[1], str) for k, p in v.items())
 
 
+def _tangents(v: Any) -> bool:
+    return isinstance(v, dict) and all(isinstance(k, str) and k.isdigit() and len(k) < 10 and _strings(names)
+                                       for k, names in v.items())
+
+
 def _distributed(v: Any) -> bool:
     if not isinstance(v, dict):
         return False
@@ -111,6 +116,7 @@ META: dict[str, MetaField] = {
     "window": MetaField("a step window [A, B] with 1 <= A <= B", _window),
     "distributed": MetaField("{rank, world_size, local_rank, node, run_id, backend}", _distributed),
     "scratch_probes": MetaField("{call: [bytes or null, why]}", _probes),
+    "tangents_kept": MetaField("{plan index: [tangent names]}", _tangents),
     **dict.fromkeys((
         "command", "status", "error", "stopped_by", "cuda_tracker", "cpu_threads", "step_source", "scopes",
         "memprof_version", "torch_version", "cuda_version", "python_version", "plans", "remat", "script",
@@ -234,6 +240,9 @@ class CaptureInfo:
     first_in_process: bool = False  # no capture ran before it in its process (no CPU block was seen before)
     # fallback calls' scratch, probed when the capture was made: call -> [bytes or None, why not]
     scratch_probes: dict[str, list[Any]] | None = None
+    # plan index -> the tangents whose storage outlived the compiled backward's first call (those it
+    # did not free: the engine or the script held them), for the plans whose backward ran
+    tangents_kept: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     @staticmethod
     def from_meta(meta: dict[str, Any]) -> CaptureInfo:
@@ -263,4 +272,5 @@ class CaptureInfo:
             spill_live=_get(meta, "status") == "running" and _get(meta, "recovered_from") is not None,
             first_in_process=_get(meta, "first_in_process", False),
             scratch_probes=_get(meta, "scratch_probes"),
+            tangents_kept={int(k): tuple(v) for k, v in _get(meta, "tangents_kept", {}).items()},
         )

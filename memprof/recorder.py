@@ -128,14 +128,18 @@ class Recorder:
             self.meta["cuda_tracker"] = "not built (CPU-only build of memprof)"
             self._note("memprof was built without CUDA: reserved bytes, requested sizes and streams are missing")
         p = self._patches
+        watch = runtime.TangentWatch(self._backward_tangents, self._tangents_kept) if self.record_plans else None
         if self.kernels:  # Inductor's own scopes: every compiled-graph call and every kernel launch
             runtime.kernel_scopes(p)
-        elif self.scopes != "none":
+        if self.scopes != "none" and not self.kernels:
             # memprof's scope around each compiled-graph call, no scope per kernel launch: the join
             # finds each buffer's kernel in the wrapper code, and a scope per launch (Python, on the
             # launch path) was most of what the default capture cost a host-bound step; the ops in
             # a call run quiet, but for those that allocate (the rest of that cost)
-            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p, op_scope=self.scopes == "ops", quiet=C))
+            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p, op_scope=self.scopes == "ops", quiet=C,
+                                                                          watch=watch))
+        elif watch is not None:
+            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p, op_scope=None, watch=watch))
         # Compile plans: partitioner decisions, wrapper code and buffer origins of every
         # graph compiled during the capture, and which tensors are parameters and state.
         if self.record_plans:
@@ -187,6 +191,20 @@ class Recorder:
         if path is not None:
             with contextlib.suppress(OSError):
                 path.unlink()
+
+    def _backward_tangents(self, key: str) -> tuple[int, list[tuple[int, str]]] | None:
+        """A compiled backward's plan index and its tangents' (input position, name); None for
+        another graph (`runtime.TangentWatch`)."""
+        rec = self.plan_recorder
+        graph = next((g for g in reversed(rec.graphs) if g.key == key), None) if rec is not None else None
+        if graph is None or graph.role != "backward" or graph.plan is None or graph.plan >= len(rec.plans):
+            return None
+        placeholders = [n for n in rec.plans[graph.plan].backward.nodes if n.op == "placeholder"]
+        return graph.plan, [(i, n.name) for i, n in enumerate(placeholders) if n.name.startswith("tangents")
+                            and n.bytes]
+
+    def _tangents_kept(self, plan: int, names: list[str]) -> None:
+        self.meta.setdefault("tangents_kept", {})[str(plan)] = names
 
     def _install_plans(self) -> None:
         if self.stopped:  # a stale reference to the torch.compile wrapper, called after the capture

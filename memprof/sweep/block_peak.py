@@ -8,7 +8,7 @@ measured step peak were such blocks. The step's order: the forwards of a chain o
 and the loss compiled apart), the user's outputs dropped once the loss is computed (except what a
 later pair saved), then the backwards in reverse, each after its tangents: AOTAutograd allocates
 them, except a tangent that is the gradient a later pair's backward returned for that output.
-Tangents AOTAutograd holds (`tangents_held`) are freed when their backward returns.
+Tangents held to the backward's end (`kept_tangents`) are freed when it returns.
 """
 
 from __future__ import annotations
@@ -71,12 +71,11 @@ def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[M
     for plan, est in reversed(chain):
         if est.bw is None:
             continue
-        own = [est.bw_inputs[t.name] for t in tangent_nodes(plan) if t.name in est.bw_inputs]
-        tangent_keys = [(k, nbytes) for sid, nbytes in own for k in est.bw_input_keys.get(sid, ())]
-        bw_part += [(k, nbytes) for k, nbytes in tangent_keys if k not in given]
+        own = [(t.name, *est.bw_inputs[t.name]) for t in tangent_nodes(plan) if t.name in est.bw_inputs]
+        tangent_keys = [(name, k, nbytes) for name, sid, nbytes in own for k in est.bw_input_keys.get(sid, ())]
+        bw_part += [(k, nbytes) for _name, k, nbytes in tangent_keys if k not in given]
         bw_part += est.bw.log
-        if est.hold_tangents:
-            bw_part += [(k, 0) for k, _n in tangent_keys]
+        bw_part += [(k, 0) for name, k, _n in tangent_keys if name in est.held_tangents]
     return [(remap.get(k, k), n) for k, n in (*fw_part, *drops, *bw_part)]
 
 

@@ -25,7 +25,7 @@ The estimate is the pair's peak above the memory allocated when the step began (
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memprof.analysis.sizes import static_bytes
@@ -295,7 +295,7 @@ class StepEstimate:
     # the backward's owned inputs, name -> (storage id, bytes), and their allocator keys by storage id
     bw_inputs: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     bw_input_keys: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
-    hold_tangents: bool = False
+    held_tangents: frozenset[str] = frozenset()  # tangents live to the backward's end (`kept_tangents`)
 
     @property
     def at_peak(self) -> tuple[tuple[str, int], ...]:
@@ -336,14 +336,14 @@ def tangent_nodes(plan: Plan) -> list[FxNode]:
 
 def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int = 1,
                   explain: bool = False, scratch: tuple[Mapping[str, int], Mapping[str, int]] | None = None,
-                  activations: Mapping[str, int] | None = None, hold_tangents: bool = False,
+                  activations: Mapping[str, int] | None = None, held_tangents: frozenset[str] = frozenset(),
                   key_base: int = 0, input_keys: Mapping[str, tuple[int, ...]] | None = None) -> StepEstimate:
     """The step peak of one forward/backward pair from its wrapper code and plan. `scratch`: the
     forward's and the backward's fallback kernels' scratch bytes by FX node name. `activations`:
     the pair's inputs that an earlier graph of the step computed (placeholder name -> bytes; see
     `activation_inputs`): not resident, live while the forward runs, and held into the backward
-    when saved (the rest are parameters and user inputs, resident). `hold_tangents`: the tangents
-    stay live to the backward's end (`tangents_held`). `key_base`: where the walks' allocator keys
+    when saved (the rest are parameters and user inputs, resident). `held_tangents`: the tangents
+    that stay live to the backward's end (`kept_tangents`). `key_base`: where the walks' allocator keys
     start (the forward's; the backward's `BW_KEYS` above); `input_keys`: the keys of backward inputs
     an earlier walk made, by name (an earlier graph's activations; a tangent that is a gradient
     another backward returned); the rest of its tangents get keys of their own."""
@@ -362,20 +362,26 @@ def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int 
     keys = {sid: fw.keys.get(-sid, ()) if sid > _OTHER_INPUTS else given.get(name, (key_base + BW_KEYS + sid,))
             for name, (sid, _b) in inputs.items()}
     bw = walk_wrapper(bw_source, plan.backward, inputs, block, explain, bw_scratch,
-                      held=_tangents(plan) if hold_tangents else frozenset(), key_base=key_base + BW_KEYS,
+                      held=held_tangents, key_base=key_base + BW_KEYS,
                       input_keys=keys)
     peak, phase = (bw.peak, "backward") if bw.peak >= fw_peak else (fw_peak, "forward")
     return StepEstimate(peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, phase, bw if phase == "backward" else fw,
-                        fw, bw, inputs, keys, hold_tangents)
+                        fw, bw, inputs, keys, held_tangents)
+
+
+def kept_tangents(plan: Plan, torch_version: str, observed: Sequence[str] | None = None) -> frozenset[str]:
+    """The backward's tangents that stay live until it returns: those a capture saw outlive the
+    compiled call (`observed`, `memprof.torch_hooks.runtime.TangentWatch`), else what the torch
+    version does with the engine's gradients (2.11 holds them; 2.13 frees each at the `del`), which
+    cannot see the loss: `.sum()`'s expanded ones, copied contiguous by AOTAutograd, are freed at the
+    `del` on 2.11 too, and a gradient the script keeps (`out.backward(grad)`) is held on 2.13 too."""
+    if observed is not None:
+        return frozenset(observed) & _tangents(plan)
+    return _tangents(plan) if tangents_held(torch_version) else frozenset()
 
 
 def tangents_held(torch_version: str) -> bool:
-    """Whether AOTAutograd keeps a backward's tangents live until the backward returns (whatever
-    its wrapper deletes). torch 2.11 did (the H200's captures: GPT-2's 1236 MB logits gradient was
-    freed by the autograd engine after the compiled backward, and the GQA decoder's 262 MB of zeros
-    for its unused logits were live at its peak); torch 2.13 passes them as a list it clears
-    ("boxed" backward) and each is freed at the wrapper's `del` (a TinyLlama and the small GPT-2 on
-    the CPU, to the byte). Versions between are taken as 2.13."""
+    """Whether a torch version holds every tangent to the backward's end (`kept_tangents`)."""
     parts = torch_version.split("+")[0].split(".")
     try:
         major, minor = int(parts[0]), int(parts[1])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -302,7 +302,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         phase = _phase(cap, [cap.scope_name(s) for s in stack])
     version = cap.meta.get("torch_version")
     found, walk = estimates(cap.plans, cap.graphs, device, version if isinstance(version, str) else None,
-                            cap.info.scratch_probes, allocator)
+                            cap.info.scratch_probes, allocator, tangents=cap.info.tangents_kept)
     return Measured(
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
@@ -337,7 +337,8 @@ def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
 
 def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None,
               probes: dict[str, list[Any]] | None = None, allocator: CachingAllocatorModel | None = None,
-              between: OptimizerStep | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
+              between: OptimizerStep | None = None, tangents: Mapping[int, Sequence[str]] | None = None
+              ) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
     its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a
@@ -347,7 +348,8 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     running one). `probes`: the fallback calls' scratch the capture recorded (`probe.probe_plans`):
     taken as measured, no kernel runs for them here. `allocator`: the CUDA caching allocator when the
     step began (`caching_allocator.model_at`): memprof's estimate then counts its blocks; with
-    `between`, `allocator` is its state before the first step (`estimate_capture_plans`)."""
+    `between`, `allocator` is its state before the first step; `tangents`: what a capture saw of
+    each backward's tangents (`estimate_capture_plans`)."""
     from memprof.sweep.probe import preload
     from memprof.sweep.step_estimate import estimate_capture_plans
 
@@ -361,7 +363,7 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     walk: CaptureEstimate | None = None
     try:
         walk = estimate_capture_plans(plans, graphs, device, torch_version=torch_version, allocator=allocator,
-                                      between=between)
+                                      between=between, tangents=tangents)
     except Exception:  # a wrapper this walk does not understand: no estimate, never a failed sweep
         walk = None
     out["memprof"] = walk.peak if walk else None

@@ -10,13 +10,14 @@ saved, until its backward ends, and the earlier pairs' saved activations are liv
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, optimizer_peak, steady_peak
 from memprof.plans import FxNode, Plan
 from memprof.sweep.block_peak import block_peak, chain_requests
-from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, running_torch_version, tangents_held
+from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, kept_tangents, running_torch_version
 
 _FLOATS = ("float32", "bfloat16", "float16", "float64")  # as FxNode.dtype records them (`value_info`)
 
@@ -73,26 +74,27 @@ class CaptureEstimate:
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
                            probe: bool = True, torch_version: str | None = None,
                            allocator: CachingAllocatorModel | None = None,
-                           between: OptimizerStep | None = None) -> CaptureEstimate | None:
+                           between: OptimizerStep | None = None,
+                           tangents: Mapping[int, Sequence[str]] | None = None) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
     wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
     a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
     kernels' scratch memory (`memprof.sweep.probe`; skipped where their device is absent or a capture
     is running: those calls are named in `unprobed`). `torch_version`: the torch the graphs ran
-    under (the capture's; default the running one), which decides how long tangents live.
+    under (default the running one) and `tangents` (plan index -> those a capture saw outlive the
+    compiled backward's call: `kept_tangents`) decide how long tangents live.
     `allocator`: the CUDA caching allocator as it was when the step began (`caching_allocator.model_at`):
     the step's requests are replayed through it and the peak counts its blocks. `between`: where
     `allocator` is its state before the first step (a prediction: no step ran), what is allocated
     between the first step and the next (the optimizer's step, `optimizer_state_requests`): the
     peak is then the second step's, the first having left its free blocks as a running job's do."""
-    import dataclasses
 
     from memprof.sweep.probe import probe_graph_calls, unprobed
 
     block = _BLOCK if device.startswith("cuda") else 1
-    hold = tangents_held(torch_version or running_torch_version())
+    version, seen = torch_version or running_torch_version(), tangents or {}
     best: CaptureEstimate | None = None
-    missed: dict[tuple[str, str], None] = {}
+    missed: dict[tuple[str, str], None] = {}  # (an ordered set)
     if any(n.size_expr for plan in plans for n in (*plan.forward.nodes, *plan.backward.nodes)):
         return None
     # pairs run in the order they compiled; a pair that takes what an earlier one returned runs after
@@ -108,13 +110,12 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         if not fw:
             return None
         scratch = (probe_graph_calls(plan.forward.nodes), probe_graph_calls(plan.backward.nodes)) if probe else None
-        if probe:
-            missed.update(dict.fromkeys(unprobed([*plan.forward.nodes, *plan.backward.nodes])))
+        missed.update(dict.fromkeys(unprobed([*plan.forward.nodes, *plan.backward.nodes]) if probe else ()))
         linked = activation_inputs(plan, earlier)
         before = max((held_after[j] for _b, j in linked.values()), default=0)
         est = estimate_step(plan, str(getattr(fw[0], "source", "")), str(getattr(bw[0], "source", "")) if bw else None,
                             block, explain=True, scratch=scratch, activations={n: b for n, (b, _j) in linked.items()},
-                            hold_tangents=hold, key_base=(i + 1) * _KEYS_PER_PAIR)
+                            held_tangents=kept_tangents(plan, version, seen.get(i)), key_base=(i + 1) * _KEYS_PER_PAIR)
         pairs.append((plan, est))
         links.append({n: j for n, (_b, j) in linked.items()})
         held_after.append(before + est.saved)

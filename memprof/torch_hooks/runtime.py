@@ -23,38 +23,89 @@ def kernel_scopes(patches: Patches) -> None:
     patches.set("torch.autograd.profiler", "_is_profiler_enabled", True)
 
 
-def graph_call_scopes(patches: Patches, op_scope: bool, quiet: QuietScopes | None = None) -> None:
+def graph_call_scopes(patches: Patches, op_scope: bool | None, quiet: QuietScopes | None = None,
+                      watch: TangentWatch | None = None) -> None:
     """Open a scope named as Inductor's own (`## Call CompiledFxGraph <key> ##`) around each
     compiled-graph call, without the profiler flag, which would also make Inductor open one per
     kernel launch. `op_scope`: as Inductor opens it (RecordScope::FUNCTION, straight from C++), for
-    captures that record op scopes; else a user scope (`--scopes graphs`, which leaves op scopes
-    off: every aten op would run memprof's callback). A user scope's end is an op that a dispatch
-    mode sees: AOTAutograd's first call of a graph runs under one, and with op scopes recorded that
-    call's end went missing. Needs Inductor loaded (`on_first_compile`).
+    captures that record op scopes; False: a user scope (`--scopes graphs`, which leaves op scopes
+    off: every aten op would run memprof's callback); None: no scope (`--scopes none`, or Inductor
+    opens its own), the call only watched. A user scope's end is an op that a dispatch mode sees:
+    AOTAutograd's first call of a graph runs under one, and with op scopes recorded that call's end
+    went missing. Needs Inductor loaded (`on_first_compile`).
 
     `quiet` (op scopes only): from a graph's second call on, its body runs with memprof's op scopes
     off, every aten op on the dispatcher's fast path, and only the calls that allocate recorded as
-    scopes (`_QuietGraphs`)."""
+    scopes (`_QuietGraphs`). `watch`: sees each graph's first call (`TangentWatch`)."""
     import torch
     from torch._inductor.output_code import CompiledFxGraph
 
     original = CompiledFxGraph.__dict__["__call__"]
-    scope: Any = torch._C._profiler._RecordFunctionFast if op_scope else torch.autograd.profiler.record_function
+    scope: Any = (contextlib.nullcontext if op_scope is None else
+                  torch._C._profiler._RecordFunctionFast if op_scope else torch.autograd.profiler.record_function)
     graphs = _QuietGraphs(patches, quiet) if op_scope and quiet is not None else None
 
     @functools.wraps(original)
     def call(self: Any, inputs: Any) -> Any:
         key = self._fx_graph_cache_key
+        after = watch.first_call(key, inputs) if watch is not None and key not in watch.called else None
         with scope(f"## Call CompiledFxGraph {key} ##"):
             if graphs is None or not graphs.ready(key, self):
-                return original(self, inputs)
-            was = graphs.quiet.set_quiet(True)
-            try:
-                return original(self, inputs)
-            finally:
-                graphs.quiet.set_quiet(was)
+                out = original(self, inputs)
+            else:
+                was = graphs.quiet.set_quiet(True)
+                try:
+                    out = original(self, inputs)
+                finally:
+                    graphs.quiet.set_quiet(was)
+        if after is not None:
+            after()
+        return out
 
     patches.set("torch._inductor.output_code", "CompiledFxGraph.__call__", call)
+
+
+class TangentWatch:
+    """Which of a compiled backward's tangents outlive its first call: AOTAutograd hands the graph
+    its arguments as a list the wrapper clears, so a tangent whose storage is still alive when the
+    call returns is held elsewhere (the autograd engine, on torch 2.11; a gradient the script keeps)
+    and stays live through the backward; the others were freed at the wrapper's `del`. The compile-
+    time estimate holds tangents as this says (`memprof.sweep.estimate.kept_tangents`).
+
+    `tangents(key)`: for a graph's cache key, its plan's index and the (input position, name) of
+    each tangent, None for a graph that is not a backward; `seen(plan, names)` gets the names that
+    outlived the call. Storages are held by weak references only: a reference held here would keep
+    a tangent live."""
+
+    def __init__(self, tangents: Callable[[str], tuple[int, list[tuple[int, str]]] | None],
+                 seen: Callable[[int, list[str]], None]) -> None:
+        self.tangents, self.seen = tangents, seen
+        self.called: set[Any] = set()
+
+    def first_call(self, key: Any, inputs: Any) -> Callable[[], None] | None:
+        self.called.add(key)
+        try:
+            found = self.tangents(key) if key else None
+            if found is None or not isinstance(inputs, list):
+                return None
+            plan, where = found
+            refs = _storage_refs([(inputs[i] if i < len(inputs) else None, name) for i, name in where])
+        except Exception:  # never fail the user's step over an observation
+            return None
+        if refs is None:
+            return None
+        return lambda: self.seen(plan, [name for name, ref in refs if not ref.expired()])
+
+
+def _storage_refs(tensors: list[tuple[Any, str]]) -> list[tuple[str, Any]] | None:
+    """A weak reference to each tensor's storage, by name; None where one is not a plain tensor (a
+    subclass's storage is not where its memory is)."""
+    import torch
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    if any(type(t) is not torch.Tensor for t, _name in tensors):
+        return None
+    return [(name, StorageWeakRef(t.untyped_storage())) for t, name in tensors]  # type: ignore[no-untyped-call]
 
 
 class QuietScopes(Protocol):

@@ -376,6 +376,45 @@ def test_memprof_estimate_on_inductor_cpu() -> None:
     assert (e0 > e1) == (m0 > m1)
 
 
+def test_the_estimate_holds_the_tangents_a_capture_saw_outlive_the_backward() -> None:
+    """A compiled MLP's step, its loss `.sum()` or its output's backward given a gradient the script
+    holds: the capture sees which tangent outlived the compiled backward's call (none: AOTAutograd's
+    contiguous copy of `.sum()`'s expanded ones is freed at the wrapper's `del`; `tangents_1`: the
+    script's own gradient), and the estimate holds it through the backward as the run did, where
+    torch's version alone (2.13: every tangent freed at its `del`) would not."""
+    import torch
+
+    from memprof.sweep.step_estimate import estimate_capture_plans
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512))
+    x = torch.randn(64, 256)
+    out_bytes = 64 * 512 * 4
+    found = {}
+    for given in (False, True):
+        torch._dynamo.reset()
+        fn = torch.compile(model)
+        with memprof.capture() as cap:
+            for _ in range(3):
+                if given:
+                    out = fn(x)
+                    out.backward(torch.ones_like(out))  # (the script holds `out` through its backward)
+                    del out
+                else:
+                    fn(x).sum().backward()
+                model.zero_grad(set_to_none=False)
+        m = measure(cap)
+        assert m.step_peak is not None and m.estimates["memprof"] is not None
+        by_version = estimate_capture_plans(cap.plans, cap.graphs, "cpu", probe=False, torch_version="2.13.0")
+        assert by_version is not None
+        found[given] = (cap.info.tangents_kept, m.step_peak, int(m.estimates["memprof"]), by_version.peak)
+    assert found[False][0] == {0: ()} and found[True][0] == {0: ("tangents_1",)}
+    _, measured, est, by_version = found[False]
+    assert est == by_version and measured - est == 8  # (the loss, a scalar the compiled graphs do not make)
+    _, measured, est, by_version = found[True]
+    assert est == by_version + out_bytes and measured == est + out_bytes
+
+
 def _predict(tmp_path: Path, budgets: list[float], *script_args: str, remat: str | None = None
              ) -> tuple[int, list[dict[str, Any]]]:
     """`memprof _sweep-child --predict` for budgets in one process, on tests/sweep_train.py."""
