@@ -131,15 +131,13 @@ class Recorder:
         watch = runtime.TangentWatch(self._backward_tangents, self._tangents_kept) if self.record_plans else None
         if self.kernels:  # Inductor's own scopes: every compiled-graph call and every kernel launch
             runtime.kernel_scopes(p)
-        if self.scopes != "none" and not self.kernels:
-            # memprof's scope around each compiled-graph call, no scope per kernel launch: the join
-            # finds each buffer's kernel in the wrapper code, and a scope per launch (Python, on the
-            # launch path) was most of what the default capture cost a host-bound step; the ops in
-            # a call run quiet, but for those that allocate (the rest of that cost)
-            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p, op_scope=self.scopes == "ops", quiet=C,
-                                                                          watch=watch))
-        elif watch is not None:
-            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p, op_scope=None, watch=watch))
+        # else memprof's scope around each compiled-graph call, no scope per kernel launch: the join
+        # finds each buffer's kernel in the wrapper code, and a scope per launch (Python, on the
+        # launch path) was most of what the default capture cost a host-bound step; the ops in a
+        # call run quiet, but for those that allocate (the rest of that cost)
+        op_scope = None if self.kernels or self.scopes == "none" else self.scopes == "ops"
+        if op_scope is not None or watch is not None:
+            runtime.on_first_compile(p, lambda: runtime.graph_call_scopes(p, op_scope, quiet=C, watch=watch))
         # Compile plans: partitioner decisions, wrapper code and buffer origins of every
         # graph compiled during the capture, and which tensors are parameters and state.
         if self.record_plans:
@@ -199,9 +197,12 @@ class Recorder:
         graph = next((g for g in reversed(rec.graphs) if g.key == key), None) if rec is not None else None
         if graph is None or graph.role != "backward" or graph.plan is None or graph.plan >= len(rec.plans):
             return None
-        placeholders = [n for n in rec.plans[graph.plan].backward.nodes if n.op == "placeholder"]
-        return graph.plan, [(i, n.name) for i, n in enumerate(placeholders) if n.name.startswith("tangents")
-                            and n.bytes]
+        from memprof.sweep.estimate import tangent_nodes
+
+        plan = rec.plans[graph.plan]
+        tangents = {n.name for n in tangent_nodes(plan)}
+        placeholders = [n.name for n in plan.backward.nodes if n.op == "placeholder"]
+        return graph.plan, [(i, name) for i, name in enumerate(placeholders) if name in tangents]
 
     def _tangents_kept(self, plan: int, names: list[str]) -> None:
         self.meta.setdefault("tangents_kept", {})[str(plan)] = names
