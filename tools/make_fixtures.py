@@ -4,6 +4,7 @@
     python tools/make_fixtures.py --cuda     # on a GPU machine: tiny_compiled_cuda.memprof
     python tools/make_fixtures.py --zoo      # on the CPU: gpt2_bf16_cpu.memprof
     python tools/make_fixtures.py --blocks   # on a GPU machine: gqa_blocks_cuda.memprof
+    python tools/make_fixtures.py --autotune # with Triton: gqa_blocks_cuda.autotune.json
     python tools/make_fixtures.py --snapshot # on a GPU machine: tiny_snapshot_cuda.pickle (+ .json)
     python tools/make_fixtures.py --remat    # on the CPU: llama_remat_cpu.memprof
     python tools/make_fixtures.py --ddp      # on the CPU: ddp_rank_cpu.memprof
@@ -24,6 +25,10 @@ compiled-graph scopes only, to keep the file small) on the GPU, from the process
 caching allocator hands whole blocks to some requests there, so the tests of its model
 (tests/unit/test_caching_allocator.py) replay every block and the estimate's count of them.
 
+`--autotune` says which Triton kernels of gqa_blocks_cuda.memprof's graphs benchmark their configs
+at their first launch (`memprof.torch_hooks.inductor.autotuned_kernels`, with an empty Inductor
+cache, as that run had): Triton is needed to read their heuristics, which CPU-only CI lacks.
+
 `--remat` traces the bundled Llama (`examples/train_llama.py`) with `--remat light --budget 0.05`
 (compiled-graph scopes only, to keep the file small), for the tests of what the HTML report shows of
 a plan and the remat pass's report (tests/integration/test_html.py).
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -131,6 +137,7 @@ if __name__ == "__main__":
     p.add_argument("--cuda", action="store_true", help="the CUDA fixture (needs a GPU)")
     p.add_argument("--zoo", action="store_true", help="the bf16 GPT-2 fixture (CPU)")
     p.add_argument("--blocks", action="store_true", help="the GQA decoder's caching-allocator fixture (needs a GPU)")
+    p.add_argument("--autotune", action="store_true", help="the GQA fixture's autotuning kernels (needs Triton)")
     p.add_argument("--snapshot", action="store_true", help="a real _dump_snapshot of the MLP (needs a GPU)")
     p.add_argument("--remat", action="store_true", help="the bundled Llama under --remat light (CPU)")
     p.add_argument("--ddp", action="store_true", help="a DDP rank whose bucket a gloo thread frees (CPU, torchrun)")
@@ -152,6 +159,20 @@ if __name__ == "__main__":
         subprocess.run([sys.executable, "-m", "memprof", "trace", "-o", str(out), "--force", "--scopes", "graphs",
                         "--budget", "0.05", "--", str(script), "--full", "--layers", "2", "--batch", "1",
                         "--steps", "4"], check=True)
+        print(f"wrote {out} ({out.stat().st_size:,} bytes)")
+        raise SystemExit(0)
+    if ns.autotune:
+        out = OUT / "gqa_blocks_cuda.autotune.json"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp()  # (no kernel's best config cached)
+        from memprof.torch_hooks.inductor import autotuned_kernels
+
+        tuned: dict[str, list[str]] = {}
+        for g in memprof.load(OUT / "gqa_blocks_cuda.memprof").graphs:
+            found = autotuned_kernels(str(g.source))
+            if found is None or found[1]:
+                raise SystemExit(f"the {g.role} graph's kernels could not all be told: {found}")
+            tuned[f"{g.plan}:{g.role}"] = sorted(found[0])
+        out.write_text(json.dumps({"torch": torch.__version__, "autotuned": tuned}, indent=1) + "\n")
         print(f"wrote {out} ({out.stat().st_size:,} bytes)")
         raise SystemExit(0)
     if ns.remat:

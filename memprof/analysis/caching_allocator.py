@@ -321,21 +321,23 @@ class SteadyStep:
 
 
 def steady_peak(model: CachingAllocatorModel, step: Sequence[Sequence[tuple[int, int]]],
-                between: OptimizerStep) -> SteadyStep:
+                between: OptimizerStep, first: Sequence[Sequence[tuple[int, int]]] | None = None,
+                keep: frozenset[int] = frozenset()) -> SteadyStep:
     """The step after the first, each step running the request lists of `step` in order from
     `model` (not changed): after the first, the optimizer's step runs (its state allocated and
     kept, its temporaries allocated and freed) and everything the step left is freed (the
-    gradients, by `zero_grad`)."""
+    gradients, by `zero_grad`). `first`: the first step's lists where they differ (its graphs'
+    first calls autotune), whose keys in `keep` stay allocated (cuBLAS's workspaces)."""
     m = model.copy()
     resident = set(m._blocks)
-    for requests in step:
+    for requests in step if first is None else first:
         m.run(requests)
     kept = {_BETWEEN_KEYS - k for k in range(len(between.state))}  # below the snapshot's keys (-1, -2, ...)
     for key, nbytes in zip(sorted(kept, reverse=True), between.state, strict=True):
         m.malloc(key, nbytes)
     # (their keys below the state's)
     m.run((_BETWEEN_KEYS - len(between.state) - key, nbytes) for key, nbytes in between.transient)
-    for k in [k for k in m._blocks if k not in resident and k not in kept]:
+    for k in [k for k in m._blocks if k not in resident and k not in kept and k not in keep]:
         m.free(k)
     start, peak = m.allocated, 0
     for requests in step:

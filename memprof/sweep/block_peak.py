@@ -14,11 +14,12 @@ Tangents held to the backward's end (`kept_tangents`) are freed when it returns.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from memprof.analysis.caching_allocator import CachingAllocatorModel
 from memprof.analysis.units import round_up
 from memprof.plans import Plan
-from memprof.sweep.estimate import StepEstimate, tangent_nodes
+from memprof.sweep.estimate import GraphWalk, StepEstimate, tangent_nodes
 
 
 def _user_outputs(est: StepEstimate, plan: Plan) -> list[int]:
@@ -30,16 +31,66 @@ def _user_outputs(est: StepEstimate, plan: Plan) -> list[int]:
     return [s for s in fw.outputs[:plan.num_fwd_outputs] if s is not None and s not in saved]
 
 
+# keys of what a step's first calls make: an autotuning benchmark's cache flush (each freed before the
+# next is made: one key serves) and the cuBLAS workspaces of the forward's and the backward's threads
+_FLUSH_KEY = -(1 << 61)
+WORKSPACE_KEYS = (_FLUSH_KEY - 1, _FLUSH_KEY - 2)
+
+
+@dataclass(frozen=True)
+class FirstCalls:
+    """What the first calls of a chain's graphs allocate beyond a later step's requests: before the
+    first launch of each kernel that autotunes (`autotuned[j]`: pair j's forward's and backward's,
+    `memprof.torch_hooks.inductor.autotuned_kernels`), Inductor's benchmarker makes a buffer of
+    `flush_bytes` (the L2 cache) and frees it, once per config it times (the same block each time:
+    counted once); at a thread's first matrix multiply cuBLAS makes its workspace
+    (`workspace_bytes`; the forward's thread's and the autograd engine's), kept for good."""
+
+    autotuned: Sequence[tuple[frozenset[str], frozenset[str]]]
+    flush_bytes: int
+    workspace_bytes: int = 0
+
+
+def first_call(walk: GraphWalk, autotuned: frozenset[str], flush_bytes: int,
+               workspace: tuple[int, int] | None = None) -> tuple[list[tuple[int, int]], bool]:
+    """A walk's requests as a graph's first call makes them (`FirstCalls`), and whether the
+    `workspace` (key, bytes) went in (before its first matrix multiply: else it has none)."""
+    out: list[tuple[int, int]] = []
+    at, seen, placed = 0, set(), workspace is None
+    for pos, name in walk.launches:
+        if name.startswith("extern_kernels."):
+            if not placed and workspace is not None:
+                out += [*walk.log[at:pos], workspace]
+                at, placed = pos, True
+        elif name in autotuned and name not in seen and flush_bytes > 0:
+            seen.add(name)
+            out += [*walk.log[at:pos], (_FLUSH_KEY, flush_bytes), (_FLUSH_KEY, 0)]
+            at = pos
+    return out + list(walk.log[at:]), placed and workspace is not None
+
+
 def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[Mapping[str, int]],
-                   block: int) -> list[tuple[int, int]]:
+                   block: int, first: FirstCalls | None = None) -> list[tuple[int, int]]:
     """The requests of a chain of pairs run as one step. `links[j]`: pair j's forward inputs that
-    an earlier pair of the chain returned, placeholder name -> that pair's index in `chain`."""
+    an earlier pair of the chain returned, placeholder name -> that pair's index in `chain`.
+    `first`: the step is the first, its graphs' first calls (`FirstCalls`)."""
+    tuned = list(first.autotuned) if first else [(frozenset(), frozenset())] * len(chain)
+    flush = first.flush_bytes if first else 0
+    # (the cuBLAS workspaces not yet made: the forward's thread's, the backward's)
+    pending = [(k, first.workspace_bytes) for k in WORKSPACE_KEYS] if first and first.workspace_bytes else []
+
+    def requests(walk: GraphWalk, autotuned: frozenset[str], thread: int) -> list[tuple[int, int]]:
+        ws = next((w for w in pending if w[0] == WORKSPACE_KEYS[thread]), None)
+        out, placed = first_call(walk, autotuned, flush, ws)
+        if placed and ws is not None:
+            pending.remove(ws)
+        return out
     fw_part: list[tuple[int, int]] = []
     remap: dict[int, int] = {}  # a key the walks gave a tangent -> the gradient's key it really is
     given: set[int] = set()  # tangent keys a later backward's gradient provides (never allocated)
     held_by_later: set[int] = set()  # outputs a later pair saved: its backward frees them
     for j, (plan, est) in enumerate(chain):
-        fw_part += est.fw.log if est.fw is not None else ()
+        fw_part += requests(est.fw, tuned[j][0], 0) if est.fw is not None else ()
         placeholders = [n.name for n in plan.forward.nodes if n.op == "placeholder"]
         for name, i in links[j].items():
             earlier_plan, earlier = chain[i]
@@ -68,15 +119,17 @@ def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[M
     drops = [(k, 0) for plan, est in chain for s in _user_outputs(est, plan) if est.fw is not None
              for k in est.fw.keys.get(s, ()) if k not in held_by_later]
     bw_part: list[tuple[int, int]] = []
-    for plan, est in reversed(chain):
+    for j in reversed(range(len(chain))):
+        plan, est = chain[j]
         if est.bw is None:
             continue
         own = [(t.name, *est.bw_inputs[t.name]) for t in tangent_nodes(plan) if t.name in est.bw_inputs]
         tangent_keys = [(name, k, nbytes) for name, sid, nbytes in own for k in est.bw_input_keys.get(sid, ())]
         bw_part += [(k, nbytes) for _name, k, nbytes in tangent_keys if k not in given]
-        bw_part += est.bw.log
+        bw_part += requests(est.bw, tuned[j][1], 1)
         bw_part += [(k, 0) for name, k, _n in tangent_keys if name in est.held_tangents]
-    return [(remap.get(k, k), n) for k, n in (*fw_part, *drops, *bw_part)]
+    # a workspace no multiply of the chain made: made in the step all the same (the script's own)
+    return [(remap.get(k, k), n) for k, n in (*fw_part, *drops, *bw_part, *pending)]
 
 
 def block_peak(model: CachingAllocatorModel, requests: Sequence[tuple[int, int]]) -> int:

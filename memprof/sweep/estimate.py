@@ -30,13 +30,11 @@ from dataclasses import dataclass, field
 
 from memprof.analysis.sizes import static_bytes
 from memprof.analysis.units import CUDA_BLOCK, round_up
-from memprof.analysis.wrapper_code import (
-    Line,
-    lex,
-)
+from memprof.analysis.wrapper_code import Line, lex
 from memprof.plans import FxGraph, FxNode, Plan
 
 _BLOCK = CUDA_BLOCK
+_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})  # cuBLAS: a thread's first makes its workspace
 
 
 @dataclass(frozen=True)
@@ -56,6 +54,9 @@ class GraphWalk:
     # per item, as the op allocates them)
     log: tuple[tuple[int, int], ...] = ()
     keys: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    # each Triton kernel launch and cuBLAS matrix multiply (`extern_kernels.mm`, ...), in order: (how
+    # many of `log`'s requests came before it, kernel name)
+    launches: tuple[tuple[int, str], ...] = ()
 
 
 class _Walk:
@@ -97,6 +98,7 @@ class _Walk:
         self.keys: dict[int, list[int]] = {}  # storage id -> allocator keys (`GraphWalk.keys`)
         self.item_keys: dict[int, list[int | None]] = {}  # a tuple's keys by item (None: carved out)
         self.log: list[tuple[int, int]] = []
+        self.launches: list[tuple[int, str]] = []
         self.live = 0
         for sid, nbytes in {v[0]: v[1] for v in inputs.values()}.items():
             self.keys[sid] = list((input_keys or {}).get(sid, (key_base + sid,)))
@@ -229,6 +231,10 @@ class _Walk:
                 self.bind(ln.name, self.names[ln.target])
         elif k == "extern":
             self.fresh(ln)
+            if ln.op in _MATMULS:
+                self.launches.append((len(self.log), f"extern_kernels.{ln.op}"))
+        elif k == "triton" or (k == "extern_out" and ln.op in _MATMULS):
+            self.launches.append((len(self.log), ln.op if k == "triton" else f"extern_kernels.{ln.op}"))
         elif k == "return":
             self.outputs = tuple(self.names.get(r) if r is not None else None for r in ln.returns)
         for name in ln.dels:
@@ -238,7 +244,7 @@ class _Walk:
         keys = {sid: tuple(k) for sid, k in self.keys.items()}
         if not self.explain:
             return GraphWalk(self.peak, self.live, self.outputs, self.sizes, tuple(self.unknown),
-                             log=tuple(self.log), keys=keys)
+                             log=tuple(self.log), keys=keys, launches=tuple(self.launches))
         at_peak = {s for s in self.sizes if s < 0}  # the inputs, live at the start
         for sid, alive in self.events[:self.peak_at]:
             if alive:
@@ -256,7 +262,7 @@ class _Walk:
         returned = frozenset(self.made[s][0] for s in self.outputs if s is not None and s in self.made)
         return GraphWalk(self.peak, self.live, self.outputs, self.sizes, tuple(self.unknown),
                          tuple((r[1], r[2]) for r in rows), tuple((r[0], r[2]) for r in rows), returned,
-                         tuple(self.log), keys)
+                         tuple(self.log), keys, tuple(self.launches))
 
 
 def walk_wrapper(source: str, graph: FxGraph | None, inputs: Mapping[str, tuple[int, int]] | None = None,
@@ -388,12 +394,6 @@ def tangents_held(torch_version: str) -> bool:
     except (ValueError, IndexError):
         return False
     return (major, minor) < (2, 12)
-
-
-def running_torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)
 
 
 def _tangents(plan: Plan) -> frozenset[str]:

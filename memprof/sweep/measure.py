@@ -28,7 +28,7 @@ from memprof.analysis.units import round_up_array
 from memprof.capture import Capture
 from memprof.errors import one_line
 from memprof.plans import CompiledGraph, FxNode, Plan
-from memprof.sweep.step_estimate import CaptureEstimate
+from memprof.sweep.step_estimate import CaptureEstimate, FirstCallFacts
 
 KNAPSACK = "knapsack evaluator"  # the in-tree KnapsackEvaluator's peak, in normalized units (ranking only)
 
@@ -337,8 +337,8 @@ def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
 
 def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None,
               probes: dict[str, list[Any]] | None = None, allocator: CachingAllocatorModel | None = None,
-              between: OptimizerStep | None = None, tangents: Mapping[int, Sequence[str]] | None = None
-              ) -> tuple[dict[str, float | None], CaptureEstimate | None]:
+              between: OptimizerStep | None = None, tangents: Mapping[int, Sequence[str]] | None = None,
+              first_calls: FirstCallFacts | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
     its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a
@@ -349,7 +349,7 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     taken as measured, no kernel runs for them here. `allocator`: the CUDA caching allocator when the
     step began (`caching_allocator.model_at`): memprof's estimate then counts its blocks; with
     `between`, `allocator` is its state before the first step; `tangents`: what a capture saw of
-    each backward's tangents (`estimate_capture_plans`)."""
+    each backward's tangents; `first_calls`: a prediction's first step (`estimate_capture_plans`)."""
     from memprof.sweep.probe import preload
     from memprof.sweep.step_estimate import estimate_capture_plans
 
@@ -363,7 +363,7 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     walk: CaptureEstimate | None = None
     try:
         walk = estimate_capture_plans(plans, graphs, device, torch_version=torch_version, allocator=allocator,
-                                      between=between, tangents=tangents)
+                                      between=between, tangents=tangents, first_calls=first_calls)
     except Exception:  # a wrapper this walk does not understand: no estimate, never a failed sweep
         walk = None
     out["memprof"] = walk.peak if walk else None

@@ -43,7 +43,7 @@ from memprof.analysis.caching_allocator import (
     settings_modelled,
 )
 from memprof.sweep.measure import ChildResult, Measured, estimate_fields, estimates, merge_facts, plan_facts
-from memprof.sweep.step_estimate import CaptureEstimate
+from memprof.sweep.step_estimate import CaptureEstimate, FirstCallFacts
 from memprof.torch_hooks.optimizer_step import optimizer_state_bytes, optimizer_state_requests
 from memprof.torch_hooks.patch import Patches
 from memprof.torch_hooks.predict import (
@@ -230,6 +230,26 @@ def _allocator(book: _Book, device: str, notes: list[str]) -> tuple[CachingAlloc
     return model_from_segments(book.segments[1], book.segments[0]), step
 
 
+def _first_calls(graphs: Sequence[Any], book: _Book) -> FirstCallFacts | None:
+    """What the first step's graph calls will allocate beyond a later step's: each graph's kernels
+    that autotune at their first launch, as Inductor's autotune cache stands now (a kernel whose
+    best config a run cached does not benchmark again: this process runs its graphs op by op, so
+    none of theirs is), each benchmark's cache flush, and the cuBLAS workspaces, made at each
+    thread's first matrix multiply (a workspace can take a flush's freed block: the H100's GQA
+    decoder). None without Triton."""
+    from memprof.torch_hooks.inductor import autotuned_kernels, l2_flush_bytes
+
+    out: dict[tuple[int, str], frozenset[str]] = {}
+    for g in graphs:
+        if g.plan is None or g.role not in ("forward", "backward"):
+            continue
+        found = autotuned_kernels(str(g.source))
+        if found is None:
+            return None
+        out[(g.plan, g.role)] = found[0]
+    return FirstCallFacts(out, l2_flush_bytes(book.segments[0] if book.segments else 0), book.workspaces // 2)
+
+
 def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:
     """What a step after the first starts from: the caching allocator's model of it where the
     estimate replayed one (the optimizer's state in the blocks it got, some larger than their
@@ -237,8 +257,8 @@ def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:
     requests; and the cuBLAS workspaces."""
     if book.resident is None:
         return None
-    if walk is not None and walk.steady_start is not None:
-        return walk.steady_start + book.workspaces
+    if walk is not None and walk.steady_start is not None:  # (the workspaces in the model's blocks, or beside)
+        return walk.steady_start + (0 if walk.workspaces_in_blocks else book.workspaces)
     return book.resident.allocated + book.state_bytes
 
 
@@ -248,7 +268,7 @@ def _reserved(book: _Book, walk: CaptureEstimate | None) -> int | None:
     a segment of its own)."""
     if walk is None or walk.steady_reserved is None:
         return None
-    return walk.steady_reserved + book.workspaces
+    return walk.steady_reserved + (0 if walk.workspaces_in_blocks else book.workspaces)
 
 
 def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], remat: str | None, result: Any,
@@ -266,8 +286,9 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
     # (every wrapper defines the name empty_strided_cuda; a CUDA graph calls it)
     device = "cuda" if any("empty_strided_cuda((" in g.source for g in graphs) else "cpu"
     allocator, between = _allocator(book, device, notes)
-    found, walk = (estimates(plans, graphs, device, allocator=allocator, between=between) if error is None
-                   else ({}, None))
+    first_calls = _first_calls(graphs, book) if allocator is not None and between is not None else None
+    found, walk = (estimates(plans, graphs, device, allocator=allocator, between=between, first_calls=first_calls)
+                   if error is None else ({}, None))
     explained = estimate_fields(walk)
     ok = result.status in ("stopped", "completed", "exit") and result.exit_code == 0
     if error is not None:
@@ -293,4 +314,6 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
     return ChildResult(b, remat or "off", status, code, error, measured, details={
         "stopped_at_backward": result.status == "stopped", "group": list(budgets), "ran_script": b == first,
         "kernels": kernels, "kernels_compiled": compiled,
+        "kernels_autotuning": sum(len(k) for k in first_calls.autotuned.values()) if first_calls else None,
+        "l2_flush_bytes": first_calls.flush_bytes if first_calls else None,
         "graphs_run_op_by_op": sum(1 for e in book.eager if e.eager_calls) if b == first else 0})

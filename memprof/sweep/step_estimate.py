@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, optimizer_peak, steady_peak
 from memprof.plans import FxNode, Plan
-from memprof.sweep.block_peak import block_peak, chain_requests
-from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, kept_tangents, running_torch_version
+from memprof.sweep.block_peak import WORKSPACE_KEYS, FirstCalls, block_peak, chain_requests
+from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, kept_tangents
 
 _FLOATS = ("float32", "bfloat16", "float16", "float64")  # as FxNode.dtype records them (`value_info`)
 
@@ -50,6 +50,17 @@ def activation_inputs(plan: Plan, earlier: Mapping[tuple[tuple[int, ...], str], 
 
 
 @dataclass(frozen=True)
+class FirstCallFacts:
+    """What a prediction knows of the first step's graph calls (`block_peak.FirstCalls`): which
+    kernels of each graph ((plan index, "forward" or "backward")) autotune, the bytes of a
+    benchmark's cache flush, and of each thread's cuBLAS workspace (0: already made, or not modelled)."""
+
+    autotuned: Mapping[tuple[int, str], frozenset[str]]
+    flush_bytes: int
+    workspace_bytes: int = 0
+
+
+@dataclass(frozen=True)
 class CaptureEstimate:
     """memprof's estimate for a capture's compiled pairs: the largest step estimate, where it is
     ("forward", "backward", or "optimizer step" on the CPU) and what is live there by category
@@ -69,13 +80,15 @@ class CaptureEstimate:
     steady_start: int | None = None
     # and the bytes the model has reserved when that step ends (its segments, never returned)
     steady_reserved: int | None = None
+    workspaces_in_blocks: bool = False  # the first step made cuBLAS's workspaces in the model (`FirstCalls`)
 
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
                            probe: bool = True, torch_version: str | None = None,
                            allocator: CachingAllocatorModel | None = None,
                            between: OptimizerStep | None = None,
-                           tangents: Mapping[int, Sequence[str]] | None = None) -> CaptureEstimate | None:
+                           tangents: Mapping[int, Sequence[str]] | None = None,
+                           first_calls: FirstCallFacts | None = None) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
     wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
     a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
@@ -87,7 +100,8 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     the step's requests are replayed through it and the peak counts its blocks. `between`: where
     `allocator` is its state before the first step (a prediction: no step ran), what is allocated
     between the first step and the next (the optimizer's step, `optimizer_state_requests`): the
-    peak is then the second step's, the first having left its free blocks as a running job's do."""
+    peak is then the second step's, the first having left its free blocks as a running job's do;
+    `first_calls`: what the first step's graph calls allocate beyond a later step's (`FirstCallFacts`)."""
 
     from memprof.sweep.probe import probe_graph_calls, unprobed
 
@@ -137,20 +151,42 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
             best = CaptureEstimate(opt, "optimizer step", {"gradient": between.grads, "temporary": opt - between.grads})
     best = dataclasses.replace(best, unprobed=tuple(missed), requested_peak=best.peak)
     if allocator is not None:
-        steps = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block)
-                 for chain in _chains(links)]
-        start = reserved = None
-        if between is not None:
-            steady = steady_peak(allocator, steps, between)
-            peak, start, reserved = steady.peak, steady.start, steady.reserved
-        else:
-            peak = max(block_peak(allocator, requests) for requests in steps)
-        at_peak = dict(best.at_peak)
-        if peak > best.peak:
-            at_peak["unsplit blocks"] = peak - best.peak
-        best = dataclasses.replace(best, peak=peak, at_peak=at_peak, blocks=True, steady_start=start,
-                                   steady_reserved=reserved)
+        best = _in_blocks(best, pairs, links, block, allocator, between, first_calls)
     return best
+
+
+def running_torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+def _in_blocks(best: CaptureEstimate, pairs: Sequence[tuple[Plan, StepEstimate]], links: Sequence[Mapping[str, int]],
+               block: int, allocator: CachingAllocatorModel, between: OptimizerStep | None,
+               facts: FirstCallFacts | None) -> CaptureEstimate:
+    """`best` with its peak counted in the caching allocator's blocks (`estimate_capture_plans`)."""
+    chains = _chains(links)
+    steps = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block) for chain in chains]
+    start = reserved = None
+    if between is not None:
+        first = None
+        if facts is not None:  # (the workspaces are made once: by the first chain)
+            calls = [FirstCalls([(facts.autotuned.get((i, "forward"), frozenset()),
+                                  facts.autotuned.get((i, "backward"), frozenset())) for i in chain],
+                                facts.flush_bytes, facts.workspace_bytes if k == 0 else 0)
+                     for k, chain in enumerate(chains)]
+            first = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block, c)
+                     for chain, c in zip(chains, calls, strict=True)]
+        steady = steady_peak(allocator, steps, between, first, keep=frozenset(WORKSPACE_KEYS))
+        peak, start, reserved = steady.peak, steady.start, steady.reserved
+    else:
+        peak = max(block_peak(allocator, requests) for requests in steps)
+    at_peak = dict(best.at_peak)
+    if peak > best.peak:
+        at_peak["unsplit blocks"] = peak - best.peak
+    return dataclasses.replace(best, peak=peak, at_peak=at_peak, blocks=True, steady_start=start,
+                               steady_reserved=reserved,
+                               workspaces_in_blocks=between is not None and bool(facts and facts.workspace_bytes))
 
 
 # allocator keys of pair i start at (i + 1) times this (`estimate_step`'s key_base): above any device

@@ -6,13 +6,14 @@ to a sink with the compiled result. Also the partitioner's knapsack calls, for K
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from memprof.errors import one_line
-from memprof.torch_hooks.patch import Patches
+from memprof.torch_hooks.patch import Patches, patched
 
 
 class GraphSink(Protocol):
@@ -180,3 +181,71 @@ def knapsack_evaluator_peak(call: KnapsackCall) -> float:
     out = KnapsackEvaluator(graph_info_provider=provider).evaluate_knapsack_output(
         saved_nodes_idxs=saved, recomputable_node_idxs=recomputed, account_for_backward_pass=True)
     return float(out["peak_memory"])
+
+
+# a Triton kernel defined in an Inductor wrapper module, and its autotuning heuristic's decorator call
+_TRITON_DEF = re.compile(r"^(\w+) = async_compile\.triton\('\w+', (r?'''.*?''')", re.S | re.M)
+_HEURISTIC = re.compile(r"^@(triton_heuristics\.\w+\(.*?)\n@triton\.jit", re.S | re.M)
+
+
+class _Configs(Exception):  # (how many configs a kernel keeps: raised from inside Inductor's decorator)
+    def __init__(self, count: int) -> None:
+        super().__init__(count)
+        self.count = count
+
+
+def autotuned_kernels(source: str) -> tuple[frozenset[str], int] | None:
+    """The Triton kernels of an Inductor wrapper module that benchmark their configs at their first
+    launch (more than one config once Inductor's autotune cache has answered: a kernel whose best
+    config is cached does not benchmark), and how many kernels could not be told (their decorator
+    did not evaluate). Each benchmark allocates a buffer of the L2 cache's size
+    (`l2_flush_bytes`) before its timings, inside the launch. Evaluates each kernel's heuristic
+    decorator as Inductor does when it loads the kernel, stopped once the configs are known: no
+    kernel is compiled. None without Triton (a CPU-only torch), where Inductor's kernels are C++."""
+    import ast
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        return None
+    from torch._inductor.codecache import get_hash, get_path
+    from torch._inductor.runtime import hints, triton_heuristics
+
+    check = triton_heuristics.check_autotune_cache
+
+    def counted(configs: Any, filename: Any, inductor_meta: Any) -> Any:
+        raise _Configs(len(check(configs, filename, inductor_meta)[0]))
+
+    names = {n: getattr(hints, n) for n in ("AutotuneHint", "ReductionHint", "TileHint", "DeviceProperties")}
+    out: set[str] = set()
+    failed = 0
+    with patched("torch._inductor.runtime.triton_heuristics", "check_autotune_cache", counted):
+        for m in _TRITON_DEF.finditer(source):
+            try:
+                kernel_source = ast.literal_eval(m.group(2))
+                call = _HEURISTIC.search(kernel_source)
+                if call is None:
+                    raise ValueError("no heuristic decorator")
+                # the file Inductor loads the kernel from (its autotune cache sits beside it)
+                path = get_path(get_hash(kernel_source.strip(), "", "code"), "py")[2]
+                eval(call.group(1), {"triton_heuristics": triton_heuristics, "__file__": path, **names})
+                failed += 1  # (the decorator returned without asking the cache: not a kernel it knows)
+            except _Configs as c:
+                if c.count > 1:
+                    out.add(m.group(1))
+            except Exception:
+                failed += 1
+    return frozenset(out), failed
+
+
+def l2_flush_bytes(device: int) -> int:
+    """The bytes Inductor's benchmarker allocates to flush the cache before timing a kernel: the
+    device's L2 cache in int32s (`InductorBenchmarker.benchmark_gpu`), or Triton's `do_bench`
+    256 MB buffer where torch benchmarks with it (`TritonBenchmarker`)."""
+    import torch
+    from torch._inductor.runtime import benchmarking
+
+    bench = benchmarking.benchmarker
+    if not isinstance(bench, benchmarking.InductorBenchmarker) or torch.version.hip:
+        return 256 * 1024 * 1024
+    with torch.cuda.device(device):
+        return int(torch.cuda.get_device_properties(device).L2_cache_size) // 4 * 4

@@ -32,6 +32,7 @@ TARGETS: tuple[tuple[str, str], ...] = (
     ("torch._inductor.async_compile", "AsyncCompile.triton"),
     ("torch._inductor.async_compile", "AsyncCompile.cpp"),
     ("torch._inductor.async_compile", "AsyncCompile.cpp_pybinding"),
+    ("torch._inductor.runtime.triton_heuristics", "check_autotune_cache"),
     ("torch._functorch._aot_autograd.graph_compile", "aot_stage2_autograd"),
     ("torch._functorch.partitioners", "_optimize_runtime_with_given_memory"),
     ("torch._functorch.partitioners", "choose_saved_values_set"),

@@ -214,11 +214,28 @@ def _gqa_prediction_inputs(cap: Any) -> tuple[CachingAllocatorModel, list[int]]:
     return before, state
 
 
+def _gqa_first_calls() -> Any:
+    """What the GQA fixture's first step made beyond a later step's (`FirstCallFacts`): the kernels
+    that autotuned (tools/make_fixtures.py --autotune: read from their heuristics with Triton, an
+    empty Inductor cache, as the run had), the H200's 60 MiB L2 flush and the 32 MiB cuBLAS workspace
+    of each thread (checked against the run's requests)."""
+    import json
+
+    from memprof.sweep.step_estimate import FirstCallFacts
+
+    tuned = json.loads((FIXTURES / "gqa_blocks_cuda.autotune.json").read_text())["autotuned"]
+    return FirstCallFacts({(int(k.split(":")[0]), k.split(":")[1]): frozenset(v) for k, v in tuned.items()},
+                          60 * MiB, 32 * MiB)
+
+
 def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> None:
     """A prediction has the allocator only as it was before the first step (no step ran): the step's
     requests run twice from there, with the optimizer's first-step state (AdamW: step, exp_avg,
-    exp_avg_sq per parameter) allocated between, and the second step's peak counts blocks. On the
-    GQA fixture: 0.24% above the measured step peak, where the requests alone are 0.96% below."""
+    exp_avg_sq per parameter) allocated between, and the second step's peak counts blocks. The first
+    step's graph calls also autotune their kernels (an L2-sized flush before each benchmark) and make
+    cuBLAS's workspaces; the second step finds the blocks they left. On the GQA fixture: 0.24% under
+    the measured step peak (0.24% over without the first calls), where the requests alone are 0.96%
+    under; the reserved bytes exact."""
     from memprof.sweep.measure import measure
     from memprof.sweep.step_estimate import estimate_capture_plans
 
@@ -226,30 +243,33 @@ def test_a_prediction_counts_blocks_from_the_state_before_the_first_step() -> No
     tl = cap.timeline("cuda:0")
     before, state = _gqa_prediction_inputs(cap)
     assert len(state) == 63  # 21 parameters
+    plain = estimate_capture_plans(cap.plans, cap.graphs, "cuda:0", torch_version="2.11.0", allocator=before,
+                                   between=OptimizerStep(state))  # (fused AdamW: no temporaries)
     est = estimate_capture_plans(cap.plans, cap.graphs, "cuda:0", torch_version="2.11.0", allocator=before,
-                                 between=OptimizerStep(state))  # (fused AdamW: no temporaries)
-    measured = measure(cap, attribution=False).step_peak
-    assert est is not None and measured == 436_756_992
-    assert est.peak == 437_805_568 and est.requested_peak == 432_562_688 and est.blocks
-    # what the second step starts from, in the model's blocks: 7 MiB above the state's requests (state
-    # tensors served whole from larger free blocks); with the two 32 MiB cuBLAS workspaces this run
-    # made (forward and backward threads), 523,776 B above the level its steps rose from, where
-    # counting requests was 6,816,256 B below
-    resident = measure(cap, attribution=False).resident
-    assert est.steady_start == before.allocated + sum(round_size(n) for n in state) + 7 * MiB
-    assert resident is not None and est.steady_start + 64 * MiB - resident == 523_776
-    # the reserved bytes at the end of that step, in the model's segments, with a segment per
-    # workspace: 56 MiB (3.2%) under what this run reserved: low, as fit takes it
-    assert est.steady_reserved is not None and tl.reserved_peak == 1_841_299_456
-    assert est.steady_reserved + 64 * MiB - tl.reserved_peak == -56 * MiB
+                                 between=OptimizerStep(state), first_calls=_gqa_first_calls())
+    m = measure(cap, attribution=False)
+    assert plain is not None and est is not None and m.step_peak == 436_756_992
+    assert plain.peak == 437_805_568 and est.peak == 435_708_416
+    assert est.requested_peak == plain.requested_peak == 432_562_688 and est.blocks
+    assert not plain.workspaces_in_blocks and est.workspaces_in_blocks
+    # what the second step starts from, in the model's blocks: the state tensors (some served whole
+    # from larger free blocks) and the two workspaces, 512 B under the level its steps rose from
+    assert m.resident is not None and est.steady_start is not None
+    assert est.steady_start == before.allocated + sum(round_size(n) for n in state) + 64 * MiB + 13 * MiB // 2
+    assert est.steady_start - m.resident == -512
+    # the reserved bytes at the end of that step, in the model's segments: what the run reserved
+    assert tl.reserved_peak == 1_841_299_456 and est.steady_reserved == tl.reserved_peak
+    # without the first calls: 56 MiB under, a segment per workspace added beside the model's
+    assert plain.steady_reserved is not None and plain.steady_reserved + 64 * MiB - tl.reserved_peak == -56 * MiB
 
 
-def test_the_reserved_bytes_the_model_misses_are_the_autotuning_benchmarks_cache_flushes() -> None:
-    """Why the prediction above reserves 56 MiB less than the run: in its first step the run launched
-    each Triton kernel's autotuning, and Inductor's benchmarker allocates an L2-cache-sized buffer
-    (60 MiB on the H200) to flush the cache before each timing, freed at once: 59 of them. Those made
-    four 60 MiB segments, which later requests of 1 to 10 MiB split, where the model (which sees no
-    benchmark) made six 20 MiB segments; every other segment matches in number and size."""
+def test_the_first_calls_autotuning_flushes_and_workspaces_make_the_runs_segments() -> None:
+    """Why the prediction without its first calls reserves 56 MiB less than the run: in its first step
+    the run autotuned 22 Triton kernels, and Inductor's benchmarker allocates an L2-cache-sized buffer
+    (60 MiB on the H200) to flush the cache before each timing, freed at once (59 of them); and each
+    thread's first matrix multiply made a 32 MiB cuBLAS workspace, which found a flush's free block.
+    Without them the model makes six 20 MiB segments where the run made four of 60 MiB; with them,
+    every segment of the run."""
     from collections import Counter
 
     from memprof.sweep.step_estimate import estimate_capture_plans
@@ -257,12 +277,13 @@ def test_the_reserved_bytes_the_model_misses_are_the_autotuning_benchmarks_cache
     cap = memprof.load(FIXTURES / "gqa_blocks_cuda.memprof")
     tl, raw = cap.timeline("cuda:0"), cap.raw
     cuda = raw["device_type"] == 1
-    flushes = np.flatnonzero(cuda & (raw["kind"] == Kind.ALLOC) & (raw["aux"] == 60 * MiB))
     steps = np.flatnonzero(raw["kind"] == Kind.STEP)
-    assert len(flushes) == 59 and (flushes < steps[0]).all()
-    at = np.searchsorted(tl.rows, flushes)
-    assert (tl.rows[at] == flushes).all() and (tl.free_of[at] >= 0).all()
-    assert (tl.rows[tl.free_of[at]] < steps[0]).all()  # each freed within the first step
+    for size, count in ((60 * MiB, 59), (32 * MiB, 2)):  # the flushes and the workspaces: all in the first step
+        rows = np.flatnonzero(cuda & (raw["kind"] == Kind.ALLOC) & (raw["aux"] == size))
+        assert len(rows) == count and (rows < steps[0]).all()
+        at = np.searchsorted(tl.rows, rows)
+        if size == 60 * MiB:  # each freed within the first step
+            assert (tl.free_of[at] >= 0).all() and (tl.rows[tl.free_of[at]] < steps[0]).all()
     real = Counter((raw["bytes"][cuda & (raw["kind"] == Kind.SEGMENT_ALLOC)] // MiB).tolist())
 
     made: list[int] = []
@@ -277,7 +298,49 @@ def test_the_reserved_bytes_the_model_misses_are_the_autotuning_benchmarks_cache
     first_scope = int(np.flatnonzero(raw["kind"] == Kind.SCOPE_BEGIN)[0])
     early = cuda & (raw["kind"] == Kind.SEGMENT_ALLOC) & (np.arange(len(raw)) < first_scope)
     before_segments = Counter((raw["bytes"][early] // MiB).tolist())
-    estimate_capture_plans(cap.plans, cap.graphs, "cuda:0", torch_version="2.11.0", allocator=before,
-                           between=OptimizerStep(state))
-    model = before_segments + Counter(made)
-    assert real - model == Counter({60: 4}) and model - real == Counter({20: 6})
+    models = []
+    for first_calls in (None, _gqa_first_calls()):
+        made.clear()
+        estimate_capture_plans(cap.plans, cap.graphs, "cuda:0", torch_version="2.11.0", allocator=before,
+                               between=OptimizerStep(state), first_calls=first_calls)
+        models.append(before_segments + Counter(made))
+    assert real - models[0] == Counter({60: 4}) and models[0] - real == Counter({20: 6})
+    assert models[1] == real
+
+
+_TUNED_WRAPPER = '''
+def call(args):
+    arg0_1, = args
+    args.clear()
+    with torch.cuda._DeviceGuard(0):
+        torch.cuda.set_device(0)
+        buf0 = empty_strided_cuda((1024, ), (1, ), torch.float32)
+        stream0 = get_raw_stream(0)
+        triton_red_fused_0.run(arg0_1, buf0, 1024, stream=stream0)
+        buf1 = empty_strided_cuda((1024, ), (1, ), torch.float32)
+        triton_poi_fused_1.run(buf0, buf1, 1024, stream=stream0)
+        del buf0
+        buf2 = empty_strided_cuda((1024, ), (1, ), torch.float32)
+        triton_red_fused_0.run(buf1, buf2, 1024, stream=stream0)
+        del buf1
+    return (buf2, )
+'''
+
+
+def test_a_first_call_flushes_the_cache_before_each_autotuning_kernels_first_launch() -> None:
+    """The walk marks each Triton launch; a graph's first call adds Inductor's benchmark flush (an
+    L2-sized buffer, made and freed) before the first launch of each kernel that autotunes, and
+    before no later launch of it (its best config is chosen then)."""
+    from memprof.sweep.block_peak import first_call
+    from memprof.sweep.estimate import walk_wrapper
+
+    walk = walk_wrapper(_TUNED_WRAPPER, None, block=512)
+    assert [name for _, name in walk.launches] == ["triton_red_fused_0", "triton_poi_fused_1", "triton_red_fused_0"]
+    assert first_call(walk, frozenset(), 60 * MiB) == (list(walk.log), False)
+    first, _ = first_call(walk, frozenset({"triton_red_fused_0"}), 60 * MiB)
+    flushes = [i for i, (_k, n) in enumerate(first) if n == 60 * MiB]
+    assert len(first) == len(walk.log) + 2 and flushes == [1]  # after buf0 is made, before the launch
+    assert first[2][1] == 0 and first[2][0] == first[1][0]  # freed at once
+    model = CachingAllocatorModel()
+    model.run(first)
+    assert model.reserved == 60 * MiB + 2 * MiB  # its segment stays: the buffers' small blocks share a 2 MiB one
