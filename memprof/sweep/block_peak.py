@@ -39,14 +39,15 @@ WORKSPACE_KEYS = (_FLUSH_KEY - 1, _FLUSH_KEY - 2)
 
 @dataclass(frozen=True)
 class FirstCalls:
-    """What the first calls of a chain's graphs allocate beyond a later step's requests: before the
-    first launch of each kernel that autotunes (`autotuned[j]`: pair j's forward's and backward's,
-    `memprof.torch_hooks.inductor.autotuned_kernels`), Inductor's benchmarker makes a buffer of
-    `flush_bytes` (the L2 cache) and frees it, once per config it times (the same block each time:
-    counted once); at a thread's first matrix multiply cuBLAS makes its workspace
-    (`workspace_bytes`; the forward's thread's and the autograd engine's), kept for good."""
+    """What the first step's graph calls allocate beyond a later step's requests: before the first
+    launch of each kernel that autotunes (`autotuned`: (plan index, "forward" or "backward") ->
+    kernel names, `memprof.torch_hooks.inductor.autotuned_kernels`), Inductor's benchmarker makes a
+    buffer of `flush_bytes` (the L2 cache) and frees it, once per config it times (the same block
+    each time: counted once); at a thread's first matrix multiply cuBLAS makes its workspace
+    (`workspace_bytes`, the forward's thread's and the autograd engine's; 0: not modelled), kept for
+    good."""
 
-    autotuned: Sequence[tuple[frozenset[str], frozenset[str]]]
+    autotuned: Mapping[tuple[int, str], frozenset[str]]
     flush_bytes: int
     workspace_bytes: int = 0
 
@@ -70,11 +71,14 @@ def first_call(walk: GraphWalk, autotuned: frozenset[str], flush_bytes: int,
 
 
 def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[Mapping[str, int]],
-                   block: int, first: FirstCalls | None = None) -> list[tuple[int, int]]:
+                   block: int, first: FirstCalls | None = None, plan_ids: Sequence[int] = ()) -> list[tuple[int, int]]:
     """The requests of a chain of pairs run as one step. `links[j]`: pair j's forward inputs that
     an earlier pair of the chain returned, placeholder name -> that pair's index in `chain`.
-    `first`: the step is the first, its graphs' first calls (`FirstCalls`)."""
-    tuned = list(first.autotuned) if first else [(frozenset(), frozenset())] * len(chain)
+    `first`: the step is the first, its graphs' first calls (`FirstCalls`; `plan_ids`: the chain's
+    pairs' plan indices, its keys)."""
+    none: frozenset[str] = frozenset()
+    tuned = [(first.autotuned.get((i, "forward"), none), first.autotuned.get((i, "backward"), none))
+             for i in plan_ids] if first else [(none, none)] * len(chain)
     flush = first.flush_bytes if first else 0
     # (the cuBLAS workspaces not yet made: the forward's thread's, the backward's)
     pending = [(k, first.workspace_bytes) for k in WORKSPACE_KEYS] if first and first.workspace_bytes else []

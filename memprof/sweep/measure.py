@@ -28,7 +28,8 @@ from memprof.analysis.units import round_up_array
 from memprof.capture import Capture
 from memprof.errors import one_line
 from memprof.plans import CompiledGraph, FxNode, Plan
-from memprof.sweep.step_estimate import CaptureEstimate, FirstCallFacts
+from memprof.sweep.block_peak import FirstCalls
+from memprof.sweep.step_estimate import CaptureEstimate
 
 KNAPSACK = "knapsack evaluator"  # the in-tree KnapsackEvaluator's peak, in normalized units (ranking only)
 
@@ -338,7 +339,7 @@ def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
 def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None,
               probes: dict[str, list[Any]] | None = None, allocator: CachingAllocatorModel | None = None,
               between: OptimizerStep | None = None, tangents: Mapping[int, Sequence[str]] | None = None,
-              first_calls: FirstCallFacts | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
+              first_calls: FirstCalls | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
     its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a

@@ -42,8 +42,9 @@ from memprof.analysis.caching_allocator import (
     model_from_segments,
     settings_modelled,
 )
+from memprof.sweep.block_peak import FirstCalls
 from memprof.sweep.measure import ChildResult, Measured, estimate_fields, estimates, merge_facts, plan_facts
-from memprof.sweep.step_estimate import CaptureEstimate, FirstCallFacts
+from memprof.sweep.step_estimate import CaptureEstimate
 from memprof.torch_hooks.optimizer_step import optimizer_state_bytes, optimizer_state_requests
 from memprof.torch_hooks.patch import Patches
 from memprof.torch_hooks.predict import (
@@ -230,7 +231,7 @@ def _allocator(book: _Book, device: str, notes: list[str]) -> tuple[CachingAlloc
     return model_from_segments(book.segments[1], book.segments[0]), step
 
 
-def _first_calls(graphs: Sequence[Any], book: _Book) -> FirstCallFacts | None:
+def _first_calls(graphs: Sequence[Any], book: _Book) -> FirstCalls | None:
     """What the first step's graph calls will allocate beyond a later step's: each graph's kernels
     that autotune at their first launch, as Inductor's autotune cache stands now (a kernel whose
     best config a run cached does not benchmark again: this process runs its graphs op by op, so
@@ -247,7 +248,7 @@ def _first_calls(graphs: Sequence[Any], book: _Book) -> FirstCallFacts | None:
         if found is None:
             return None
         out[(g.plan, g.role)] = found[0]
-    return FirstCallFacts(out, l2_flush_bytes(book.segments[0] if book.segments else 0), book.workspaces // 2)
+    return FirstCalls(out, l2_flush_bytes(book.segments[0] if book.segments else 0), book.workspaces // 2)
 
 
 def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:

@@ -50,17 +50,6 @@ def activation_inputs(plan: Plan, earlier: Mapping[tuple[tuple[int, ...], str], 
 
 
 @dataclass(frozen=True)
-class FirstCallFacts:
-    """What a prediction knows of the first step's graph calls (`block_peak.FirstCalls`): which
-    kernels of each graph ((plan index, "forward" or "backward")) autotune, the bytes of a
-    benchmark's cache flush, and of each thread's cuBLAS workspace (0: already made, or not modelled)."""
-
-    autotuned: Mapping[tuple[int, str], frozenset[str]]
-    flush_bytes: int
-    workspace_bytes: int = 0
-
-
-@dataclass(frozen=True)
 class CaptureEstimate:
     """memprof's estimate for a capture's compiled pairs: the largest step estimate, where it is
     ("forward", "backward", or "optimizer step" on the CPU) and what is live there by category
@@ -88,7 +77,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
                            allocator: CachingAllocatorModel | None = None,
                            between: OptimizerStep | None = None,
                            tangents: Mapping[int, Sequence[str]] | None = None,
-                           first_calls: FirstCallFacts | None = None) -> CaptureEstimate | None:
+                           first_calls: FirstCalls | None = None) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
     wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
     a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
@@ -101,7 +90,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     `allocator` is its state before the first step (a prediction: no step ran), what is allocated
     between the first step and the next (the optimizer's step, `optimizer_state_requests`): the
     peak is then the second step's, the first having left its free blocks as a running job's do;
-    `first_calls`: what the first step's graph calls allocate beyond a later step's (`FirstCallFacts`)."""
+    `first_calls`: what the first step's graph calls allocate beyond a later step's (`FirstCalls`)."""
 
     from memprof.sweep.probe import probe_graph_calls, unprobed
 
@@ -163,7 +152,7 @@ def running_torch_version() -> str:
 
 def _in_blocks(best: CaptureEstimate, pairs: Sequence[tuple[Plan, StepEstimate]], links: Sequence[Mapping[str, int]],
                block: int, allocator: CachingAllocatorModel, between: OptimizerStep | None,
-               facts: FirstCallFacts | None) -> CaptureEstimate:
+               facts: FirstCalls | None) -> CaptureEstimate:
     """`best` with its peak counted in the caching allocator's blocks (`estimate_capture_plans`)."""
     chains = _chains(links)
     steps = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block) for chain in chains]
@@ -171,12 +160,9 @@ def _in_blocks(best: CaptureEstimate, pairs: Sequence[tuple[Plan, StepEstimate]]
     if between is not None:
         first = None
         if facts is not None:  # (the workspaces are made once: by the first chain)
-            calls = [FirstCalls([(facts.autotuned.get((i, "forward"), frozenset()),
-                                  facts.autotuned.get((i, "backward"), frozenset())) for i in chain],
-                                facts.flush_bytes, facts.workspace_bytes if k == 0 else 0)
+            first = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block,
+                                    facts if k == 0 else dataclasses.replace(facts, workspace_bytes=0), chain)
                      for k, chain in enumerate(chains)]
-            first = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block, c)
-                     for chain, c in zip(chains, calls, strict=True)]
         steady = steady_peak(allocator, steps, between, first, keep=frozenset(WORKSPACE_KEYS))
         peak, start, reserved = steady.peak, steady.start, steady.reserved
     else:

@@ -215,16 +215,16 @@ def _gqa_prediction_inputs(cap: Any) -> tuple[CachingAllocatorModel, list[int]]:
 
 
 def _gqa_first_calls() -> Any:
-    """What the GQA fixture's first step made beyond a later step's (`FirstCallFacts`): the kernels
+    """What the GQA fixture's first step made beyond a later step's (`FirstCalls`): the kernels
     that autotuned (tools/make_fixtures.py --autotune: read from their heuristics with Triton, an
     empty Inductor cache, as the run had), the H200's 60 MiB L2 flush and the 32 MiB cuBLAS workspace
     of each thread (checked against the run's requests)."""
     import json
 
-    from memprof.sweep.step_estimate import FirstCallFacts
+    from memprof.sweep.block_peak import FirstCalls
 
     tuned = json.loads((FIXTURES / "gqa_blocks_cuda.autotune.json").read_text())["autotuned"]
-    return FirstCallFacts({(int(k.split(":")[0]), k.split(":")[1]): frozenset(v) for k, v in tuned.items()},
+    return FirstCalls({(int(k.split(":")[0]), k.split(":")[1]): frozenset(v) for k, v in tuned.items()},
                           60 * MiB, 32 * MiB)
 
 
