@@ -188,21 +188,38 @@ _TRITON_DEF = re.compile(r"^(\w+) = async_compile\.triton\('\w+', (r?'''.*?''')"
 _HEURISTIC = re.compile(r"^@(triton_heuristics\.\w+\(.*?)\n@triton\.jit", re.S | re.M)
 
 
-class _Configs(Exception):  # (how many configs a kernel keeps: raised from inside Inductor's decorator)
-    def __init__(self, count: int) -> None:
-        super().__init__(count)
-        self.count = count
+class _Tunes(Exception):  # (whether a kernel benchmarks at its first launch: raised from inside Inductor's decorator)
+    def __init__(self, tunes: bool) -> None:
+        super().__init__(tunes)
+        self.tunes = tunes
+
+
+def kernel_heuristics(source: str) -> dict[str, tuple[str, str | None]]:
+    """The Triton kernels an Inductor wrapper module defines: name -> (the kernel's source, as
+    Inductor loads it, and its heuristic decorator's call, `triton_heuristics.NAME(...)`; None where
+    it has none)."""
+    import ast
+
+    out: dict[str, tuple[str, str | None]] = {}
+    for m in _TRITON_DEF.finditer(source):
+        try:
+            kernel_source = ast.literal_eval(m.group(2))
+        except (ValueError, SyntaxError):  # (not a plain string literal: read as no decorator)
+            out[m.group(1)] = (m.group(2), None)
+            continue
+        call = _HEURISTIC.search(kernel_source)
+        out[m.group(1)] = (kernel_source, call.group(1) if call else None)
+    return out
 
 
 def autotuned_kernels(source: str) -> tuple[frozenset[str], int] | None:
     """The Triton kernels of an Inductor wrapper module that benchmark their configs at their first
-    launch (more than one config once Inductor's autotune cache has answered: a kernel whose best
-    config is cached does not benchmark), and how many kernels could not be told (their decorator
+    launch (more than one config, or coordinate descent tuning on, and no best config in Inductor's
+    autotune cache), and how many kernels could not be told (their decorator
     did not evaluate). Each benchmark allocates a buffer of the L2 cache's size
     (`l2_flush_bytes`) before its timings, inside the launch. Evaluates each kernel's heuristic
     decorator as Inductor does when it loads the kernel, stopped once the configs are known: no
     kernel is compiled. None without Triton (a CPU-only torch), where Inductor's kernels are C++."""
-    import ast
     import importlib.util
 
     if importlib.util.find_spec("triton") is None:
@@ -212,26 +229,27 @@ def autotuned_kernels(source: str) -> tuple[frozenset[str], int] | None:
 
     check = triton_heuristics.check_autotune_cache
 
-    def counted(configs: Any, filename: Any, inductor_meta: Any) -> Any:
-        raise _Configs(len(check(configs, filename, inductor_meta)[0]))
+    def counted(configs: Any, filename: Any, inductor_meta: Any, *args: Any, **kwargs: Any) -> Any:
+        kept, _cache, info = check(configs, filename, inductor_meta, *args, **kwargs)
+        # several configs to time, or one that coordinate descent tunes; none once a best one is cached
+        tunes = len(kept) > 1 or bool(inductor_meta.get("coordinate_descent_tuning"))
+        raise _Tunes(tunes and not (isinstance(info, dict) and info.get("autotune_cache_state") == "hit"))
 
     names = {n: getattr(hints, n) for n in ("AutotuneHint", "ReductionHint", "TileHint", "DeviceProperties")}
     out: set[str] = set()
     failed = 0
     with patched("torch._inductor.runtime.triton_heuristics", "check_autotune_cache", counted):
-        for m in _TRITON_DEF.finditer(source):
+        for name, (kernel_source, call) in kernel_heuristics(source).items():
             try:
-                kernel_source = ast.literal_eval(m.group(2))
-                call = _HEURISTIC.search(kernel_source)
                 if call is None:
                     raise ValueError("no heuristic decorator")
                 # the file Inductor loads the kernel from (its autotune cache sits beside it)
                 path = get_path(get_hash(kernel_source.strip(), "", "code"), "py")[2]
-                eval(call.group(1), {"triton_heuristics": triton_heuristics, "__file__": path, **names})
+                eval(call, {"triton_heuristics": triton_heuristics, "__file__": path, **names})
                 failed += 1  # (the decorator returned without asking the cache: not a kernel it knows)
-            except _Configs as c:
-                if c.count > 1:
-                    out.add(m.group(1))
+            except _Tunes as t:
+                if t.tunes:
+                    out.add(name)
             except Exception:
                 failed += 1
     return frozenset(out), failed

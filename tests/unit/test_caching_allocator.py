@@ -344,3 +344,23 @@ def test_a_first_call_flushes_the_cache_before_each_autotuning_kernels_first_lau
     model = CachingAllocatorModel()
     model.run(first)
     assert model.reserved == 60 * MiB + 2 * MiB  # its segment stays: the buffers' small blocks share a 2 MiB one
+
+
+def test_each_kernels_heuristic_is_read_from_the_wrapper_code() -> None:
+    """Which kernels autotune is read from each Triton kernel's heuristic decorator in the wrapper
+    module (evaluated where Triton is; CI has none): every kernel of the GQA fixture's forward (18)
+    and backward (22) has one, and the kernels the fixture's run autotuned are among them."""
+    import json
+
+    from memprof.torch_hooks.inductor import kernel_heuristics
+
+    cap = memprof.load(FIXTURES / "gqa_blocks_cuda.memprof")
+    tuned = json.loads((FIXTURES / "gqa_blocks_cuda.autotune.json").read_text())["autotuned"]
+    for g in cap.graphs:
+        kernels = kernel_heuristics(str(g.source))
+        assert len(kernels) == {"forward": 18, "backward": 22}[g.role]
+        for kernel_source, call in kernels.values():
+            assert kernel_source.lstrip().startswith("import triton") and call is not None
+            assert call.startswith(("triton_heuristics.pointwise(", "triton_heuristics.reduction(",
+                                    "triton_heuristics.persistent_reduction("))
+        assert set(tuned[f"{g.plan}:{g.role}"]) <= set(kernels)
