@@ -219,7 +219,9 @@ def autotuned_kernels(source: str) -> tuple[frozenset[str], int] | None:
     did not evaluate). Each benchmark allocates a buffer of the L2 cache's size
     (`l2_flush_bytes`) before its timings, inside the launch. Evaluates each kernel's heuristic
     decorator as Inductor does when it loads the kernel, stopped once the configs are known: no
-    kernel is compiled. None without Triton (a CPU-only torch), where Inductor's kernels are C++."""
+    kernel is compiled. None without Triton (a CPU-only torch), where Inductor's kernels are C++.
+    It evaluates the decorator's Python: give it code Inductor generated, never a capture file's
+    text from elsewhere."""
     import importlib.util
 
     if importlib.util.find_spec("triton") is None:
