@@ -260,12 +260,11 @@ def autotuned_kernels(source: str) -> tuple[frozenset[str], int] | None:
 def l2_flush_bytes(device: int) -> int:
     """The bytes Inductor's benchmarker allocates to flush the cache before timing a kernel: the
     device's L2 cache in int32s (`InductorBenchmarker.benchmark_gpu`), or Triton's `do_bench`
-    256 MB buffer where torch benchmarks with it (`TritonBenchmarker`)."""
+    256 MiB buffer where torch benchmarks with it (`TritonBenchmarker`)."""
     import torch
     from torch._inductor.runtime import benchmarking
 
     bench = benchmarking.benchmarker
     if not isinstance(bench, benchmarking.InductorBenchmarker) or torch.version.hip:
         return 256 * 1024 * 1024
-    with torch.cuda.device(device):
-        return int(torch.cuda.get_device_properties(device).L2_cache_size) // 4 * 4
+    return int(torch.cuda.get_device_properties(device).L2_cache_size) // 4 * 4
