@@ -21,6 +21,7 @@ import numpy as np
 from memprof._events import FLAG_OTHER_THREAD, CarriedBlock, Events, Kind, ids_for, index_dtype
 from memprof.analysis.carried import label_carried
 from memprof.analysis.distributed import label_distributed
+from memprof.analysis.garbage import gc_freed_positions
 from memprof.analysis.join import join_call
 from memprof.analysis.labels import (
     BEFORE_CAPTURE,
@@ -169,11 +170,14 @@ def label_timeline(
     bws = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(BACKWARD_SCOPES)])
     opts = ctx.scopes.outermost([i for s, i in sid.items() if s.startswith(OPTIMIZER_SCOPES)])
     in_backward = _in_backward(ctx, bws)
-    # frees: where did the allocation die?
+    # frees: where did the allocation die? (a free Python's cyclic collector made is not the backward's
+    # own, even when a collection runs inside it: a tensor held in a reference cycle, freed late)
     free_pos = tl.free_of
     freed_in_bw = np.zeros(ctx.n, dtype=bool)
     has_free = free_pos >= 0
-    freed_in_bw[has_free] = in_backward[free_pos[has_free]]
+    freed_by_bw = in_backward.copy()
+    freed_by_bw[gc_freed_positions(raw, tl, strings)] = False
+    freed_in_bw[has_free] = freed_by_bw[free_pos[has_free]]
     call_of = inside(tl.rows[alloc_pos], ctx.thread[alloc_pos], calls)
     joins = _join_calls(ctx, calls, alloc_pos, call_of, freed_in_bw) if calls else []
     eager = alloc_pos[call_of < 0]

@@ -340,3 +340,32 @@ def test_every_scope_mode_joins_every_compiled_graph_call_alike() -> None:
     assert compiled and {k: v for k, v in graphs["node"].items() if k.startswith(("fw", "bw"))} == compiled
     assert "saved_activation" in rows["ops", False]["category"]
     assert any(k.startswith("cpp_fused") for k in rows["ops", False]["kernel"]), rows["ops", False]["kernel"]
+
+
+def test_a_tensor_the_collector_frees_inside_the_backward_is_not_a_saved_activation() -> None:
+    """A tensor held in a reference cycle dies when a collection happens to run. When that is inside
+    the backward, the backward did not free it: it is not a saved activation. (Before, it was one: a
+    model output held in a cycle and collected during the backward would be labelled so, as
+    `test_saved_activations_are_the_forward_outputs_kept_for_backward` saw in CI runs, whose
+    capture was not kept to confirm it.)"""
+    import gc
+
+    from memprof.analysis.attribution import Category
+
+    x = torch.randn(64, 64, requires_grad=True)
+    with memprof.capture() as cap:
+        class Holder:
+            pass
+
+        h = Holder()
+        h.me, h.t = h, torch.ones(1000)  # a cycle holding 4,000 B
+        del h
+        y = x * 2
+        y.register_hook(lambda g: (gc.collect(), g)[1])  # a collection inside the backward
+        (y * y).sum().backward()
+    tl, labels, raw = cap.timeline("cpu"), cap.labels("cpu"), cap.raw
+    sizes = raw["bytes"][tl.rows]
+    held = [int(p) for p in np.flatnonzero(tl.is_alloc & (sizes == 4000))]
+    assert len(held) == 1 and int(tl.free_of[held[0]]) in set(cap.gc_freed("cpu").tolist())
+    # made before any compiled call or backward and never freed by the backward: an input
+    assert labels.category[held[0]] == Category.INPUT
