@@ -325,10 +325,10 @@ class Capture:
             markers = np.flatnonzero(raw["kind"] == Kind.STEP)
             closed = info.window_state == "closed" and len(markers)
             until = int(raw["t_ns"][markers[-1]]) if closed else None
-            self._labels[device] = label_timeline(raw, self.strings, self.timeline(device), self.plans,
-                                                  self.graphs, self.tensors, info.main_thread,
-                                                  info.preexisting.get(device, []), self.scopes, until,
-                                                  self.carried, int(markers[-1]) if closed else None)
+            self._labels[device] = label_timeline(raw, self.strings, self.timeline(device), self.plans, self.graphs,
+                                                  self.tensors, info.main_thread, info.preexisting.get(device, []),
+                                                  self.scopes, until, self.carried,
+                                                  int(markers[-1]) if closed else None, self.gc_freed(device))
         return self._labels[device]
 
     def attribution(self, at: str = "peak", by: str = "category", device: str | None = None, *,

@@ -151,6 +151,7 @@ def label_timeline(
     known_until: int | None = None,
     carried: Sequence[CarriedBlock] = (),
     tail_from: int | None = None,
+    gc_freed: np.ndarray | None = None,
 ) -> Labels:
     """Category, FX node, layer and kernel of every allocation on one device's timeline.
 
@@ -159,7 +160,8 @@ def label_timeline(
     tensors are not used (a step window's end); `carried` where the blocks carried into a step
     window or a ring were allocated (`memprof.analysis.carried`); `tail_from` the row after which a
     closed window's tail begins (the frees of its blocks and the next step's scopes: no call there
-    allocates, so none is joined).
+    allocates, so none is joined); `gc_freed` the positions of the frees Python's cyclic collector
+    made (`garbage.gc_freed_positions`, found here when not given).
     """
     ctx = LabelContext(raw, strings, tl, plans, graphs, main_thread, scopes or ScopeIndex(raw))
     alloc_pos = np.flatnonzero(tl.is_alloc).astype(index_dtype(ctx.n), copy=False)
@@ -176,7 +178,7 @@ def label_timeline(
     freed_in_bw = np.zeros(ctx.n, dtype=bool)
     has_free = free_pos >= 0
     freed_by_bw = in_backward.copy()
-    freed_by_bw[gc_freed_positions(raw, tl, strings)] = False
+    freed_by_bw[gc_freed_positions(raw, tl, strings) if gc_freed is None else gc_freed] = False
     freed_in_bw[has_free] = freed_by_bw[free_pos[has_free]]
     call_of = inside(tl.rows[alloc_pos], ctx.thread[alloc_pos], calls)
     joins = _join_calls(ctx, calls, alloc_pos, call_of, freed_in_bw) if calls else []
