@@ -57,17 +57,17 @@ def first_call(walk: GraphWalk, autotuned: frozenset[str], flush_bytes: int,
     """A walk's requests as a graph's first call makes them (`FirstCalls`), and whether the
     `workspace` (key, bytes) went in (before its first matrix multiply: else it has none)."""
     out: list[tuple[int, int]] = []
-    at, seen, placed = 0, set(), workspace is None
+    at, seen, placed = 0, set(), False
     for pos, name in walk.launches:
         if name.startswith("extern_kernels."):
-            if not placed and workspace is not None:
+            if workspace is not None and not placed:
                 out += [*walk.log[at:pos], workspace]
                 at, placed = pos, True
         elif name in autotuned and name not in seen and flush_bytes > 0:
             seen.add(name)
             out += [*walk.log[at:pos], (_FLUSH_KEY, flush_bytes), (_FLUSH_KEY, 0)]
             at = pos
-    return out + list(walk.log[at:]), placed and workspace is not None
+    return out + list(walk.log[at:]), placed
 
 
 def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[Mapping[str, int]],
@@ -80,14 +80,14 @@ def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[M
     tuned = [(first.autotuned.get((i, "forward"), none), first.autotuned.get((i, "backward"), none))
              for i in plan_ids] if first else [(none, none)] * len(chain)
     flush = first.flush_bytes if first else 0
-    # (the cuBLAS workspaces not yet made: the forward's thread's, the backward's)
-    pending = [(k, first.workspace_bytes) for k in WORKSPACE_KEYS] if first and first.workspace_bytes else []
+    # the cuBLAS workspaces not yet made, by thread (0: the forward's, 1: the backward's)
+    pending = {t: (k, first.workspace_bytes) for t, k in enumerate(WORKSPACE_KEYS)} \
+        if first and first.workspace_bytes else {}
 
     def requests(walk: GraphWalk, autotuned: frozenset[str], thread: int) -> list[tuple[int, int]]:
-        ws = next((w for w in pending if w[0] == WORKSPACE_KEYS[thread]), None)
-        out, placed = first_call(walk, autotuned, flush, ws)
-        if placed and ws is not None:
-            pending.remove(ws)
+        out, placed = first_call(walk, autotuned, flush, pending.get(thread))
+        if placed:
+            del pending[thread]
         return out
     fw_part: list[tuple[int, int]] = []
     remap: dict[int, int] = {}  # a key the walks gave a tangent -> the gradient's key it really is
@@ -133,7 +133,7 @@ def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[M
         bw_part += requests(est.bw, tuned[j][1], 1)
         bw_part += [(k, 0) for name, k, _n in tangent_keys if name in est.held_tangents]
     # a workspace no multiply of the chain made: made in the step all the same (the script's own)
-    return [(remap.get(k, k), n) for k, n in (*fw_part, *drops, *bw_part, *pending)]
+    return [(remap.get(k, k), n) for k, n in (*fw_part, *drops, *bw_part, *pending.values())]
 
 
 def block_peak(model: CachingAllocatorModel, requests: Sequence[tuple[int, int]]) -> int:
