@@ -5,11 +5,19 @@ saving and reading the capture cost: the same loop under `memprof.capture(output
 memory from the loop's end to the file on disk), and `memprof report` on the capture written.
 
     python tools/bench_cpu_capture.py --iterations 2000000 --rounds 3
+    python tools/bench_cpu_capture.py --instructions      # needs valgrind: instructions an iteration
 
 Per run: the loop's own seconds (printed by the script), the whole process's seconds, its peak
 memory (`wait4`), how far its memory rose while the loop ran above where it began (sampled by the
 script every 65,536 iterations), the events the capture kept and dropped. Prints a table last: medians
 and the ratio to plain.
+
+`--instructions` counts instead the instructions one iteration executes (valgrind's callgrind),
+plain, under `--scopes none` and under the default op scopes, in process: the difference between
+a run of N and one of N + 200,000 iterations, over 200,000 (the start, the import and the capture's
+setup cancel), with Python's string hashing fixed (`PYTHONHASHSEED=0`). The wall clock swings by a
+third between runs on a shared 2-core machine; the count moves far less (see docs/benchmarks.md),
+so a change of a few percent in the per-event path shows.
 """
 
 from __future__ import annotations
@@ -83,6 +91,57 @@ def run(cmd: list[str], cwd: Path, deflate: str = "") -> dict[str, float]:
     return {**json.loads(line[6:]), "wall_s": wall, "maxrss": usage.ru_maxrss * 1024}
 
 
+INSTRUCTIONS_SCRIPT = """\
+import sys
+import torch
+import memprof
+
+def loop(n):
+    for _ in range(n):
+        t = torch.empty(4)
+        del t
+
+n, scopes = int(sys.argv[1]), sys.argv[2]
+loop(1000)
+if scopes == "plain":
+    loop(n)
+else:
+    with memprof.capture(scopes=scopes):
+        loop(n)
+"""
+
+
+def instructions(directory: Path, n: int, variant: str) -> int:
+    """The instructions (callgrind's `Ir`) of one process running `n` iterations as `variant`."""
+    out = directory / f"callgrind.{variant}.{n}"
+    proc = subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable,
+                           str(directory / "count.py"), str(n), variant], capture_output=True, text=True,
+                          env=os.environ | {"PYTHONHASHSEED": "0"})
+    totals = [ln for ln in proc.stderr.splitlines() if "Collected :" in ln]
+    if proc.returncode != 0 or not totals:
+        raise SystemExit(f"valgrind on {variant} failed (status {proc.returncode}): {proc.stderr[-300:]}")
+    return int(totals[-1].split(":")[-1].strip())
+
+
+def count_instructions() -> None:
+    """Instructions an iteration, plain, `--scopes none` and the default scopes (one process each)."""
+    import shutil
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+    base, more = 20_000, 220_000
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "count.py").write_text(INSTRUCTIONS_SCRIPT)
+        per = {v: (instructions(d, more, v) - instructions(d, base, v)) / (more - base)
+               for v in ("plain", "none", "ops")}
+    print(f"torch {__import__('torch').__version__}; instructions an iteration of `torch.empty(4); del t` "
+          f"(callgrind, {more:,} - {base:,} iterations)")
+    print(f"{'variant':<28} {'instructions':>12} {'ratio':>6}")
+    for v, name in (("plain", "plain"), ("none", "capture, --scopes none"), ("ops", "capture (default scopes)")):
+        print(f"{name:<28} {per[v]:>12,.0f} {per[v] / per['plain']:>6.3f}")
+
+
 def kept(path: Path) -> tuple[int, int]:
     """(events kept, events dropped) of a saved capture, from its metadata and array header only."""
     with zipfile.ZipFile(path) as zf:
@@ -100,7 +159,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=2_000_000, help="loop iterations (4 events each)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions an iteration under valgrind instead of timing processes")
     args = parser.parse_args()
+    if args.instructions:
+        count_instructions()
+        return
     # memprof's bytecode, as an install has it: with PYTHONDONTWRITEBYTECODE set (this machine sets
     # it) every `memprof trace` would compile memprof's modules from source, 0.15-0.25 s a process
     import compileall
