@@ -30,7 +30,7 @@ from memprof.capture_info import conform, meta_problem
 from memprof.deflate import Deflated, StreamDeflater, write_deflated
 from memprof.errors import CaptureFileError
 from memprof.event_checks import check_events, check_fits
-from memprof.inflate import member_pieces
+from memprof.inflate import member_pieces, read_ahead
 from memprof.outputs import atomic_write, existing_file
 from memprof.plans import CompiledGraph, KnownTensor, Plan
 
@@ -243,7 +243,7 @@ def _read_events(zf: zipfile.ZipFile, path: Path) -> Events:
                                    f"its size holds {max(info.file_size - fh.tell(), 0) // EVENT_DTYPE.itemsize:,})")
         check_fits(n, path)
         start = fh.tell()
-    return _events_of(member_pieces(path, info, _clip(info.filename)), start, n)
+    return _events_of(read_ahead(member_pieces(path, info, _clip(info.filename))), start, n)
 
 
 def _events_of(pieces: Iterator[bytes], start: int, n: int) -> Events:

@@ -4,6 +4,8 @@ checked against its CRC once the last piece is given."""
 
 from __future__ import annotations
 
+import queue
+import threading
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +40,47 @@ def member_pieces(path: Path, info: zipfile.ZipInfo, name: str) -> Iterator[byte
         raise CaptureFileError(f"{path}: truncated capture ({name} is short)")
     if crc != info.CRC:
         raise CaptureFileError(f"{path}: corrupt capture ({name} fails its CRC check)")
+
+
+def read_ahead(pieces: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
+    """`pieces` made on a thread of their own, at most `depth` ahead of the reader: inflating and the
+    CRC (which let go of the GIL) run beside what the reader does with the pieces before, on a second
+    core. What the maker raises (a corrupt member) is raised to the reader after the pieces before
+    it; a reader that stops early stops the maker."""
+    ready: queue.Queue[tuple[bytes | None, BaseException | None]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: tuple[bytes | None, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def make() -> None:
+        try:
+            for piece in pieces:
+                if not put((piece, None)):
+                    return
+            put((None, None))
+        except BaseException as exc:  # (handed to the reader, which raises it)
+            put((None, exc))
+
+    maker = threading.Thread(target=make, name="memprof-inflate", daemon=True)
+    maker.start()
+    try:
+        while True:
+            piece, error = ready.get()
+            if error is not None:
+                raise error
+            if piece is None:
+                return
+            yield piece
+    finally:
+        stop.set()
+        maker.join()
 
 
 def _stored(packed: bytes, size: int) -> Iterator[bytes]:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import memprof.deflate
 from memprof.deflate import Deflated, StreamDeflater, crc32_combine, write_deflated
 from memprof.errors import CaptureFileError
-from memprof.inflate import inflate, member_pieces
+from memprof.inflate import inflate, member_pieces, read_ahead
 
 BACKENDS = ["isal", "zlib"] if memprof.deflate._isal is not None else ["zlib"]
 
@@ -81,6 +81,32 @@ def test_a_stream_cut_short_longer_than_declared_or_not_deflate_is_refused(name:
         garbage = bytes([0xFF] * 64) + packed  # (a block type deflate does not have)
         with pytest.raises(CaptureFileError, match="is not a valid deflate stream"):
             b"".join(inflate(garbage, len(data), Path("x"), "events.npy"))
+
+
+def test_pieces_read_ahead_come_in_order_with_the_makers_error_after_them_and_an_early_stop_ends_it() -> None:
+    """The events are read while a thread of their own inflates the next pieces (`read_ahead`)."""
+    import threading
+
+    made: list[int] = []
+
+    def pieces(n: int, fail_at: int | None = None) -> Iterator[bytes]:
+        for i in range(n):
+            if i == fail_at:
+                raise CaptureFileError("x: corrupt capture (events.npy fails its CRC check)")
+            made.append(i)
+            yield bytes([i]) * 3
+
+    assert list(read_ahead(pieces(50), depth=2)) == list(pieces(50))
+    got: list[bytes] = []
+    with pytest.raises(CaptureFileError, match="fails its CRC check"):
+        for piece in read_ahead(pieces(10, fail_at=7)):
+            got.append(piece)
+    assert got == [bytes([i]) * 3 for i in range(7)]  # (every piece before the error, then the error)
+    made.clear()
+    reader = read_ahead(pieces(1000), depth=2)
+    assert next(reader) == b"\x00" * 3
+    reader.close()  # (the reader stops: the maker stops, a few pieces ahead at most)
+    assert len(made) <= 4 and not any(t.name == "memprof-inflate" for t in threading.enumerate())
 
 
 def test_a_member_writer_it_does_not_know_is_left_to_the_caller() -> None:
