@@ -32,6 +32,7 @@ from memprof.analysis.labels import (
     LabelContext,
     Labels,
     known_layer,
+    small_unique,
 )
 from memprof.analysis.scopes import ScopeIndex, inside
 from memprof.analysis.timeline import Timeline
@@ -103,39 +104,52 @@ def _grad_scopes(ctx: LabelContext) -> np.ndarray:
 def _label_eager(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int, int, int, int]], first_activity: int,
                  in_backward: np.ndarray, freed_in_bw: np.ndarray) -> None:
     """Allocations outside compiled graphs, from their eager scope and lifetime (`eager_category`,
-    by arrays: a capture can hold millions)."""
+    by arrays: a capture can hold millions; each array of theirs let go once used, since at ten
+    million events they are what a report's peak memory is made of)."""
+    ctx.category[eager] = _eager_categories(ctx, eager, opts, first_activity, in_backward, freed_in_bw)
+    ids, inverse = small_unique(ctx.raw["scope"][ctx.tl.rows[eager]])
+    kerns = [ctx.strings[int(i)] or "(no scope)" for i in ids.tolist()]
+    node_ids = np.asarray([ctx.names(f"eager:{k}") for k in kerns], dtype=np.int32)
+    kern_ids = np.asarray([ctx.names(k) for k in kerns], dtype=np.int32)
+    ctx.node[eager] = node_ids[inverse] if len(ids) else 0
+    ctx.layer[eager] = 0
+    ctx.kernel[eager] = kern_ids[inverse] if len(ids) else 0
+
+
+def _eager_categories(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int, int, int, int]],
+                      first_activity: int, in_backward: np.ndarray, freed_in_bw: np.ndarray) -> np.ndarray:
+    """`eager_categories` of the eager allocations at positions `eager`."""
     raw, tl = ctx.raw, ctx.tl
     erows = tl.rows[eager]
-    escope = raw["scope"][erows]
     in_opt = inside(erows, ctx.thread[eager], opts)
     opt_end = np.asarray([o[2] for o in opts] + [0], dtype=index_dtype(len(raw)))
     steps = np.flatnonzero(raw["kind"] == Kind.STEP)
     free_row = ctx.free_row[eager]
     spans_step = (np.searchsorted(steps, free_row) > np.searchsorted(steps, erows)) if len(steps) else \
         np.zeros(len(eager), bool)
+    spans_step |= erows < first_activity
+    del erows
+    after_opt = free_row > opt_end[in_opt]
+    del free_row
+    escope = raw["scope"][tl.rows[eager]]
     is_grad = np.isin(escope, ids_for(escope, _grad_scopes(ctx).tolist()))
-    bw_here = in_backward[eager]
-    cat = eager_categories(in_opt >= 0, free_row > opt_end[in_opt], is_grad, bw_here, freed_in_bw[eager],
-                           (erows < first_activity) | spans_step)
-    ids, inverse = _small_unique(escope)
-    kerns = [ctx.strings[int(i)] or "(no scope)" for i in ids.tolist()]
-    node_ids = np.asarray([ctx.names(f"eager:{k}") for k in kerns], dtype=np.int32)
-    kern_ids = np.asarray([ctx.names(k) for k in kerns], dtype=np.int32)
-    ctx.category[eager] = cat
-    ctx.node[eager] = node_ids[inverse] if len(ids) else 0
-    ctx.layer[eager] = 0
-    ctx.kernel[eager] = kern_ids[inverse] if len(ids) else 0
+    del escope
+    return eager_categories(in_opt >= 0, after_opt, is_grad, in_backward[eager], freed_in_bw[eager], spans_step)
 
 
-def _small_unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`np.unique(ids, return_inverse=True)` of small non-negative ids (string ids), by a table:
-    linear, where a sort of millions of them was most of the eager labels' time and memory."""
-    if not len(ids):
-        return ids[:0], np.zeros(0, np.int32)
-    present = np.flatnonzero(np.bincount(ids))
-    table = np.zeros(int(present[-1]) + 1, np.int32)
-    table[present] = np.arange(len(present), dtype=np.int32)
-    return present, table[ids]
+def _label_carried(ctx: LabelContext, carried: Sequence[CarriedBlock], in_backward: np.ndarray,
+                   freed_in_bw: np.ndarray) -> None:
+    grads = _grad_scopes(ctx)
+
+    def carried_eager(pos: int, in_optimizer: bool, in_bw: bool) -> Category:
+        # a carried block is live where the stored steps begin: it outlived the optimizer step that
+        # made it, and spans a step
+        is_grad = np.isin(ctx.raw["scope"][ctx.tl.rows[pos : pos + 1]], grads)
+        yes = np.ones(1, dtype=bool)
+        return Category(int(eager_categories(yes & in_optimizer, yes, is_grad, yes & in_bw,
+                                             freed_in_bw[pos : pos + 1], yes)[0]))
+
+    label_carried(ctx, carried, in_backward, freed_in_bw, carried_eager, OPTIMIZER_SCOPES, BACKWARD_SCOPES)
 
 
 def label_timeline(
@@ -187,17 +201,7 @@ def label_timeline(
         first_activity = min([c[1] for c in calls] + [b[1] for b in bws] + [len(raw)])
         _label_eager(ctx, eager, opts, first_activity, in_backward, freed_in_bw)
     if carried:
-        grads = _grad_scopes(ctx)
-
-        def carried_eager(pos: int, in_optimizer: bool, in_bw: bool) -> Category:
-            # a carried block is live where the stored steps begin: it outlived the optimizer step that
-            # made it, and spans a step
-            is_grad = np.isin(raw["scope"][tl.rows[pos : pos + 1]], grads)
-            yes = np.ones(1, dtype=bool)
-            return Category(int(eager_categories(yes & in_optimizer, yes, is_grad, yes & in_bw,
-                                                 freed_in_bw[pos : pos + 1], yes)[0]))
-
-        label_carried(ctx, carried, in_backward, freed_in_bw, carried_eager, OPTIMIZER_SCOPES, BACKWARD_SCOPES)
+        _label_carried(ctx, carried, in_backward, freed_in_bw)
     label_distributed(ctx, eager, alloc_pos[call_of >= 0], in_backward)
     # known tensors (parameters, gradients, optimizer state) override by pointer and time; those recorded
     # after a step window closed may name a block at a reused address whose free was not stored
@@ -205,10 +209,14 @@ def label_timeline(
         tensors = [t for t in tensors if t[0] <= known_until]
     if tensors:
         _apply_known(ctx, tensors, alloc_pos)
-    # frees carry their allocation's labels (free_of maps alloc -> free)
-    f = np.flatnonzero(has_free)
+    # frees carry their allocation's labels (free_of maps alloc -> free); the passes' arrays go first
+    del in_backward, freed_by_bw, freed_in_bw, call_of, eager, alloc_pos
+    f = np.flatnonzero(has_free).astype(index_dtype(ctx.n), copy=False)
+    del has_free
+    dst = free_pos[f]
     for arr in (ctx.category, ctx.node, ctx.layer, ctx.kernel):
-        arr[free_pos[f]] = arr[f]
+        arr[dst] = arr[f]
+    del f, dst
     pre = _label_preexisting(ctx, preexisting, tensors)
     # (ids in int16 where the names allow: a capture of millions of allocations holds three such
     # arrays; each int32 one is let go as its copy is made)

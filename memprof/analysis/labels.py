@@ -146,3 +146,14 @@ def known_layer(name: str) -> str:
     """The layer of a known tensor ("layers.3.mlp.w.exp_avg" -> "layers.3"; unnamed ones: "")."""
     base = name.removesuffix(".grad").split(".exp_avg")[0].split(".step")[0]
     return "" if base.startswith("param_groups") else layer_of(base)
+
+
+def small_unique(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(ids, return_inverse=True)` of small non-negative ids (string ids), by a table:
+    linear, where a sort of millions of them was most of the eager labels' time and memory."""
+    if not len(ids):
+        return ids[:0], np.zeros(0, np.int32)
+    present = np.flatnonzero(np.bincount(ids))
+    table = np.zeros(int(present[-1]) + 1, np.int32)
+    table[present] = np.arange(len(present), dtype=np.int32)
+    return present, table[ids]

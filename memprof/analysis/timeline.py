@@ -183,7 +183,6 @@ def build_timeline(
     seg_rows = np.flatnonzero(on_device & kind_mask(raw["kind"], SEGMENT_KINDS)).astype(np.int64)
     del on_device
     kinds = raw["kind"][rows]
-    delta = raw["bytes"][rows].astype(np.int64, copy=False)
     is_alloc = (kinds == Kind.ALLOC) | (kinds == Kind.CUDA_ALLOC)
 
     # Pair each allocation with the next free of the same address.
@@ -207,6 +206,8 @@ def build_timeline(
         alloc_of[f_pos] = a_pos
         del a_pos, f_pos
 
+    # (the sizes only now: the pairing's sort is where building a timeline peaks in memory)
+    delta = raw["bytes"][rows].astype(np.int64, copy=False)
     inferred = _tracker_sizes(kinds, delta, free_of, alloc_of)
 
     if device == "cpu":
