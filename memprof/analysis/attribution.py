@@ -139,6 +139,7 @@ def _eager_categories(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int
 
 def _label_carried(ctx: LabelContext, carried: Sequence[CarriedBlock], in_backward: np.ndarray,
                    freed_in_bw: np.ndarray) -> None:
+    """The blocks carried into a step window or a ring (`label_carried`), eager ones as `eager_categories`."""
     grads = _grad_scopes(ctx)
 
     def carried_eager(pos: int, in_optimizer: bool, in_bw: bool) -> Category:
