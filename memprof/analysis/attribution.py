@@ -106,8 +106,10 @@ def _label_eager(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int, int
     """Allocations outside compiled graphs, from their eager scope and lifetime (`eager_category`,
     by arrays: a capture can hold millions; each array of theirs let go once used, since at ten
     million events they are what a report's peak memory is made of)."""
-    ctx.category[eager] = _eager_categories(ctx, eager, opts, first_activity, in_backward, freed_in_bw)
-    ids, inverse = small_unique(ctx.raw["scope"][ctx.tl.rows[eager]])
+    escope = ctx.raw["scope"][ctx.tl.rows[eager]]
+    ctx.category[eager] = _eager_categories(ctx, eager, escope, opts, first_activity, in_backward, freed_in_bw)
+    ids, inverse = small_unique(escope)
+    del escope
     kerns = [ctx.strings[int(i)] or "(no scope)" for i in ids.tolist()]
     node_ids = np.asarray([ctx.names(f"eager:{k}") for k in kerns], dtype=np.int32)
     kern_ids = np.asarray([ctx.names(k) for k in kerns], dtype=np.int32)
@@ -116,9 +118,9 @@ def _label_eager(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int, int
     ctx.kernel[eager] = kern_ids[inverse] if len(ids) else 0
 
 
-def _eager_categories(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int, int, int, int]],
+def _eager_categories(ctx: LabelContext, eager: np.ndarray, escope: np.ndarray, opts: list[tuple[int, int, int, int]],
                       first_activity: int, in_backward: np.ndarray, freed_in_bw: np.ndarray) -> np.ndarray:
-    """`eager_categories` of the eager allocations at positions `eager`."""
+    """`eager_categories` of the eager allocations at positions `eager` (`escope`: their scopes)."""
     raw, tl = ctx.raw, ctx.tl
     erows = tl.rows[eager]
     in_opt = inside(erows, ctx.thread[eager], opts)
@@ -131,9 +133,7 @@ def _eager_categories(ctx: LabelContext, eager: np.ndarray, opts: list[tuple[int
     del erows
     after_opt = free_row > opt_end[in_opt]
     del free_row
-    escope = raw["scope"][tl.rows[eager]]
     is_grad = np.isin(escope, ids_for(escope, _grad_scopes(ctx).tolist()))
-    del escope
     return eager_categories(in_opt >= 0, after_opt, is_grad, in_backward[eager], freed_in_bw[eager], spans_step)
 
 
