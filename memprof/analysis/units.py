@@ -53,13 +53,16 @@ _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, unit_required: bool = False) -> int:
     """Bytes from a size as users write it: `64MB`, `22.5GiB`, `8000 MB`, `512` (bytes). Decimal
     units are powers of 1000 (as `fmt_bytes` prints them), binary ones (KiB, MiB, GiB) of 1024.
-    Raises ValueError naming what was wrong."""
+    `unit_required`: a bare number is refused (where `24` meant as 24 GB would plan for 24 bytes);
+    `24B` is bytes. Raises ValueError naming what was wrong."""
     s = text.strip().replace("_", "")
     before_unit = s.rstrip("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
     num, unit = before_unit.strip(), s[len(before_unit):].lower()
+    if unit_required and not unit and num:
+        raise ValueError(f"{text!r} has no unit: write {num}GB, {num}GiB or {num}MB ({num}B for bytes)")
     if unit not in _UNITS:
         raise ValueError(f"{text!r} is not a size: unknown unit {unit!r} (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
     try:

@@ -63,7 +63,7 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
         limit = device_limit()
     else:
         try:
-            limit = parse_size(memory)
+            limit = parse_size(memory, unit_required=True)
         except ValueError as exc:
             raise MemprofError(f"--memory: {exc}") from None
     if limit <= 0:
