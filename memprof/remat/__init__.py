@@ -128,12 +128,13 @@ def enable(mode: str | None = None, *, budget: str | float | None = None,
     The backward compiles lazily, at the first `.backward()`: keep the first training step inside.
 
     `budget`: the partitioner's activation memory budget inside the block, as a ratio (0.05,
-    "0.05") or as a size ("24GB", "22.5GiB"): the block then runs the configuration `memprof fit`
-    would choose for this script under that peak (a stock budget, or one with the pass in `mode`,
-    default light), predicted first from the script itself started again as `python SCRIPT ARGS`
-    in other processes (stopping at their first backward, as `memprof sweep --predict`), among
-    `search_budgets` (default `memprof.fit.DEFAULT_BUDGETS`). Under memprof's own commands, which
-    set the budget themselves (`trace --budget`, `fit` and `sweep`), the block leaves theirs.
+    "0.05", 0 and 1 too) or as a size with its unit ("24GB", "22.5GiB"; never a bare number): the
+    block then runs the configuration `memprof fit` would choose for this script under that peak
+    (a stock budget, or one with the pass in `mode`, default light), predicted first from the
+    script itself started again as `python SCRIPT ARGS` in other processes (stopping at their first
+    backward, as `memprof sweep --predict`), among `search_budgets` (default
+    `memprof.fit.DEFAULT_BUDGETS`). Under memprof's own commands, which set the budget themselves
+    (`trace --budget`, `fit` and `sweep`), the block leaves theirs.
     """
     if budget is not None:
         with _budgeted(mode, budget, search_budgets):
@@ -164,6 +165,13 @@ def _budgeted(mode: str | None, budget: str | float, search: Sequence[float] | N
 
     if mode is not None:
         _check(mode)
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        # a number is a ratio, as torch's own budget and `trace --budget 1` read it (`budget=0`, as the
+        # plan's own line prints it, is budget 0); a size is a string with its unit
+        if budget not in (0, 1):
+            raise ValueError(f"budget={budget!r}: a ratio is in [0, 1], a size a string with its unit "
+                             f"(budget='{budget}GB', or '{budget}B' for bytes)")
+        budget = float(budget)
     value = parse_budget(budget) if isinstance(budget, str) else checked_budget(budget, f"budget={budget!r}")
     if budget_set_by_memprof():  # memprof's command chose this process's configuration
         yield

@@ -69,6 +69,8 @@ def test_a_ratio_is_set_as_it_is_and_memprofs_own_budget_is_kept(tmp_path: Path)
         assert functorch_config.activation_memory_budget == 0.05 and memprof.remat.active_mode() is None
     with memprof.remat.enable("light", budget=0.2):
         assert functorch_config.activation_memory_budget == 0.2 and memprof.remat.active_mode() == "light"
+    with memprof.remat.enable(budget=0):  # as the plan's warning prints it: the ratio 0, not 0 bytes
+        assert functorch_config.activation_memory_budget == 0.0
     assert functorch_config.activation_memory_budget == 1.0 and memprof.remat.active_mode() is None
     # under `memprof trace --budget 0.3`, the script's own budget (even one in bytes) leaves memprof's
     script = tmp_path / "train.py"
@@ -82,7 +84,7 @@ def test_a_ratio_is_set_as_it_is_and_memprofs_own_budget_is_kept(tmp_path: Path)
 def test_bad_budgets_and_a_script_that_cannot_be_started_again_are_one_line() -> None:
     from memprof.errors import MemprofError
 
-    for bad in ("abc", "1.5", "0GB", 0, -3, 2.0, True):
+    for bad in ("abc", "1.5", "0GB", -3, 24, 2.0, True):
         with pytest.raises(ValueError, match=r"budget|size"), memprof.remat.enable(budget=bad):  # type: ignore[arg-type]
             pass
     with pytest.raises(ValueError, match="unknown remat mode"), memprof.remat.enable("fast", budget=0.1):
