@@ -27,7 +27,7 @@ class Budget(click.ParamType):  # type: ignore[type-arg]  # generic only in clic
         try:
             return parse_budget(str(value))
         except ValueError as exc:
-            self.fail(f"--budget: {exc}", param, ctx)
+            self.fail(str(exc) if param is not None else f"--budget: {exc}", param, ctx)  # (click names it)
 
 
 class StepWindow(click.ParamType):  # type: ignore[type-arg]
