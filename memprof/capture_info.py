@@ -108,7 +108,7 @@ META: dict[str, MetaField] = {
     **dict.fromkeys(("exit_code", "main_thread"), MetaField("an integer", _int64)),
     "budget": MetaField("a number", _number),
     "first_in_process": MetaField("true or false", lambda v: isinstance(v, bool)),
-    **dict.fromkeys(("notes", "recompile_limits", "argv", "options_after_script"),
+    **dict.fromkeys(("notes", "recompile_limits", "graph_breaks", "argv", "options_after_script"),
                     MetaField("a list of strings", _strings)),
     "baselines": MetaField("{device: {allocated, reserved}} in bytes", _per_device(_baseline)),
     "device_total": MetaField("{device: bytes}", _per_device(lambda x: _is_int(x) and 0 <= x <= MAX_TOTAL_BYTES)),
@@ -224,6 +224,7 @@ class CaptureInfo:
     dataloader_workers: int = 0
     child_processes: int = 0
     recompile_limits: tuple[str, ...] = ()
+    graph_breaks: tuple[str, ...] = ()  # where Dynamo broke graphs while the capture ran, and why
     device_total: dict[str, int] = field(default_factory=dict)  # device -> its memory (bytes)
     alloc_conf: str | None = None  # PYTORCH_CUDA_ALLOC_CONF when the capture started
     recovered_from: str | None = None  # the spill this capture was recovered from (the run was cut short)
@@ -262,6 +263,7 @@ class CaptureInfo:
             stopped_by=_get(meta, "stopped_by") or None, cpu_threads=_get(meta, "cpu_threads"),
             dataloader_workers=_get(meta, "dataloader_workers", 0), child_processes=_get(meta, "child_processes", 0),
             recompile_limits=tuple(_get(meta, "recompile_limits", ())),
+            graph_breaks=tuple(_get(meta, "graph_breaks", ())),
             device_total=dict(_get(meta, "device_total", {})),
             alloc_conf=_get(meta, "alloc_conf"), recovered_from=_get(meta, "recovered_from"),
             window=(window[0], window[1]) if window else None, keep_last=_get(meta, "keep_last", 0),

@@ -26,7 +26,7 @@ from memprof.capture_info import Keep
 from memprof.console import say
 from memprof.errors import MemprofError, one_line
 from memprof.fileformat import EventSource
-from memprof.torch_hooks import runtime
+from memprof.torch_hooks import graph_breaks, runtime
 from memprof.torch_hooks.patch import Patches
 
 # RecordFunction scope sets (csrc/capture.h ScopeBits: function 1, backward 2, user 4; checked
@@ -70,6 +70,7 @@ class Recorder:
         # takes the machine in turns there: a wait in it falls into the step that ends, not the next)
         self.before_marker: Callable[[int], None] | None = None
         self.stopped = False
+        self._breaks_from = 0  # Dynamo's graph breaks before the capture (`runtime.graph_break_mark`)
         self.spill: spill.SpillWriter | None = None
         self.background: Background | None = None
         self._patches = Patches()
@@ -102,6 +103,7 @@ class Recorder:
         except RuntimeError as exc:
             raise MemprofError(str(exc)) from None
         self.meta["t_start_ns"] = int(C.now_ns())
+        self._breaks_from = graph_breaks.graph_break_mark()
         global _started
         self.meta["first_in_process"] = _started == 0  # (no CPU block of an earlier capture can be freed in it)
         _started += 1
@@ -302,6 +304,9 @@ class Recorder:
             child_processes=self.children["other"], steps=self.step, main_thread=main[0] if main else None,
             window_state=C.window_state())
         self.meta.setdefault("step_source", None)
+        breaks = graph_breaks.graph_breaks_since(self._breaks_from)
+        if breaks:
+            self.meta["graph_breaks"] = breaks
         environment.note_backend(self.meta)
         strings = list(C.strings())
         C.release()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -168,6 +168,7 @@ class Summary:
     ooms: list[OomReport]  # OOM forensics, one per OOM (memprof.analysis.oom)
     notes: list[str]
     step: StepFigures | None = None
+    graph_breaks: list[str] = field(default_factory=list)  # where Dynamo split the compiled code, and why
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -240,6 +241,7 @@ def summarize(cap: Capture, top: int = 8) -> Summary:
         max_events=meta.get("max_events"), unfollowed_events=unfollowed_count(raw),
         cuda_tracker=meta.get("cuda_tracker"), devices=[_device_summary(cap, d, top, t0) for d in main_first(cap)],
         ooms=oom_reports(cap, top), notes=list(meta.get("notes", [])), step=step_figures(cap),
+        graph_breaks=list(info.graph_breaks),
     )
 
 

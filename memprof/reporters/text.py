@@ -136,6 +136,13 @@ def _tail(s: Summary) -> list[str]:
                      f"{p.recomputed} recomputed nodes, {p.random_ops} random ops, {len(p.masks)} dropout masks")
         if p.remat:
             lines.append(f"  {p.remat}")
+    if s.graph_breaks:
+        if not s.plans:
+            lines.append("")
+        lines.append(f"graph breaks: Dynamo compiled the code in parts, split at {count(len(s.graph_breaks), 'place')} "
+                     "(a tensor one part returns and the next takes stays live across the split, outside what the "
+                     "partitioner and the budget decide):")
+        lines.extend(f"  {b}" for b in s.graph_breaks)
     measured = s.step.measured if s.step is not None else None
     if s.step is not None and measured is not None:
         st = s.step

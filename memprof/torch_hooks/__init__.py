@@ -9,6 +9,7 @@
 - `plan_recorder`: what the compile hooks record (plans, compiled graphs, known tensors);
 - `runtime`: a capture's run-time hooks (kernel scopes, torch.profiler, optimizer steps, the
   garbage collector, child processes, Dynamo's recompile limit);
+- `graph_breaks`: where Dynamo broke graphs during a capture, read from its own record;
 - `predict`: what `memprof sweep --predict` changes (lazy kernels, op-by-op graphs, shared stages);
 - `budget`: the one place memprof sets the activation memory budget (functorch's config);
 - `fx`: reading FX nodes without changing them (sizes never add a guard).

@@ -136,3 +136,36 @@ def test_the_compile_hooks_wait_for_the_first_compile(tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     assert "dynamo loaded: False" in res.stdout
     assert "plans: 1 graphs: 2" in res.stdout and "restored: True" in res.stdout
+
+
+def _split(x: torch.Tensor) -> torch.Tensor:
+    y = x.sin()
+    torch._dynamo.graph_break()
+    return y.cos()
+
+
+def test_graph_breaks_are_named_where_they_happen() -> None:
+    """Dynamo's own record of its graph breaks, read (not hooked) over the capture: each place once,
+    with why, in the capture and its summary; a capture without one says nothing of them."""
+    import inspect
+    import os
+
+    from memprof.reporters import render
+
+    torch._dynamo.reset()
+    before = torch.compile(_split, backend="eager")
+    before(torch.randn(8))  # a break before the capture is not the capture's
+    with memprof.capture() as quiet:
+        torch.randn(8).sin()
+    assert quiet.info.graph_breaks == () and "graph breaks" not in render("text", quiet)
+    torch._dynamo.reset()
+    with memprof.capture() as cap:
+        for _ in range(2):  # compiled once: one place
+            torch.compile(_split, backend="eager")(torch.randn(8))
+    line = inspect.getsourcelines(_split)[1] + 2
+    (said,) = cap.info.graph_breaks
+    assert said.startswith(f"{os.path.relpath(__file__)}:{line} in _split: ")
+    assert "graph_break" in said.split(": ", 1)[1]
+    text = render("text", cap)
+    assert "graph breaks: Dynamo compiled the code in parts, split at 1 place" in text and f"  {said}" in text
+    torch._dynamo.reset()
