@@ -333,6 +333,32 @@ def test_probe_measures_a_fallback_kernels_scratch(monkeypatch: pytest.MonkeyPat
                                (d["op"], "a capture was running"), (d["op"], "memprof's native extension is not built")]
 
 
+def test_the_wrap_up_after_the_last_step_is_not_a_step() -> None:
+    """Optimizer steps end the steps; what the script does after the last one runs no compiled
+    forward and is no step. Measured as one, its rise of nearly nothing was the median of two steps'
+    (a 2-step trace printed a step peak of 0.0 MB beside an estimate of 218 MB)."""
+    import torch
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fn = torch.compile(model, backend="aot_eager")
+    x = torch.randn(32, 64)
+    with memprof.capture() as cap:
+        for _ in range(2):
+            fn(x).sum().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        wrap_up = torch.zeros(16)  # (the script's own end: a small allocation, no compiled forward)
+    del wrap_up
+    torch._dynamo.reset()
+    m = measure(cap, attribution=False)
+    assert m.step_source == "markers" and m.steps == 2
+    # the second step's rise alone (with the wrap-up it was the median of [172,040, 64]: 64 B)
+    assert len(m.step_peaks) == 1 and m.step_peak == m.step_peaks[0] > 32 * 256 * 4  # the hidden activation
+
+
 @pytest.mark.slow
 def test_memprof_estimate_on_inductor_cpu() -> None:
     """A compiled TinyLlama step on CPU: memprof's wrapper walk, with the attention kernels' scratch
