@@ -70,7 +70,7 @@ class Recorder:
         # takes the machine in turns there: a wait in it falls into the step that ends, not the next)
         self.before_marker: Callable[[int], None] | None = None
         self.stopped = False
-        self._breaks_from = 0  # Dynamo's graph breaks before the capture (`runtime.graph_break_mark`)
+        self._breaks_from = 0  # Dynamo's graph breaks before the capture (`graph_breaks.graph_break_mark`)
         self.spill: spill.SpillWriter | None = None
         self.background: Background | None = None
         self._patches = Patches()

@@ -54,6 +54,7 @@ def _frame(f: Any) -> str:
     if "site-packages/" in name:
         name = name.rsplit("site-packages/", 1)[1]
     else:
-        with contextlib.suppress(ValueError):
-            name = os.path.relpath(name) if not os.path.relpath(name).startswith("..") else name
+        with contextlib.suppress(ValueError):  # (another drive: the path as it is)
+            rel = os.path.relpath(name)
+            name = name if rel.startswith("..") else rel
     return f"{name}:{f.lineno} in {f.name}"
