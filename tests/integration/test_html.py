@@ -191,14 +191,20 @@ def test_a_plans_detail_adds_up_and_names_what_the_remat_pass_saved() -> None:
 
 @pytest.mark.browser
 def test_the_plans_section_shows_each_plan_and_the_remat_pass(tmp_path: Path) -> None:
+    """Each plan's detail, memprof's remat pass, and where Dynamo broke graphs."""
     from selenium.webdriver.common.by import By
 
     cap = memprof.load(FIXTURES / "llama_remat_cpu.memprof")
+    said = "train_<b>x</b>.py:3 in f: Call to `torch._dynamo.graph_break()`"  # (text, never markup)
+    cap.meta["graph_breaks"] = [said]
+    cap.save(tmp_path / "breaks.memprof")
     page = tmp_path / "remat.html"
-    _export(FIXTURES / "llama_remat_cpu.memprof", page)
+    _export(tmp_path / "breaks.memprof", page)
     driver = _driver()
     try:
         _open(driver, page)
+        plans = driver.find_element(By.ID, "plans").text
+        assert "graph breaks: Dynamo compiled the code in parts, split at 1 place" in plans and said in plans
         box = driver.find_element(By.ID, "plan-0")
         box.find_element(By.TAG_NAME, "summary").click()
         from memprof.analysis.summary import plan_summary

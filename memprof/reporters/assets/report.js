@@ -416,6 +416,12 @@
     if (details[p.index]) plans.append(planDetail(details[p.index]));
   }
   for (const w of S.warnings || []) plans.append(el("div", {class: "caveat"}, w));
+  if ((S.graph_breaks || []).length) {
+    plans.append(el("div", {}, `graph breaks: Dynamo compiled the code in parts, split at ${S.graph_breaks.length} ` +
+      `place${S.graph_breaks.length === 1 ? "" : "s"} (a tensor one part returns and the next takes stays live across ` +
+      "the split, outside what the partitioner and the budget decide):"));
+    for (const b of S.graph_breaks) plans.append(el("div", {class: "hint"}, b));
+  }
   const tabs = $("tabs");
   for (const d of DATA.devices) {
     const b = el("button", {"data-device": d.device}, d.device);
