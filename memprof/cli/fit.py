@@ -48,9 +48,9 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from memprof.analysis.units import parse_size
+    from memprof.analysis.units import fmt_bytes, parse_size
     from memprof.errors import MemprofError, printable
-    from memprof.fit import check_predictions, default_jobs, device_limit, fit_scale
+    from memprof.fit import check_predictions, default_jobs, device_limit, device_total, fit_scale
     from memprof.fit import fit as run_fit
     from memprof.fit.report import fit_json, format_fit, format_scale, scale_json
     from memprof.fit.scale import parse_scale
@@ -68,6 +68,10 @@ def fit(script: str, script_args: tuple[str, ...], memory: str, spec: str, remat
             raise MemprofError(f"--memory: {exc}") from None
     if limit <= 0:
         raise MemprofError("--memory must be more than 0 bytes")
+    whole = device_total()
+    if whole is not None and limit > whole[1]:
+        raise MemprofError(f"--memory {memory.strip()} is more than {whole[0]}'s total memory ({fmt_bytes(whole[1])}): "
+                           "no run here can prove a plan under it (give at most that, or --memory device)")
     budgets = parse_budgets(spec)
     values = parse_scale(*scale) if scale else None
     path = check_script(script)

@@ -11,6 +11,10 @@ runs. When none fits, the smallest one runs, and its capture says what would clo
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -32,7 +36,7 @@ from memprof.fit.scale import Probe, ScaleResult, answer, bisect, bisect_probes,
 from memprof.fit.search import Search, check_predictions, default_jobs, predicted
 
 __all__ = ["Candidate", "Config", "FitResult", "Measured", "ScaleResult", "Search", "check_predictions",
-           "default_jobs", "device_limit", "fit", "fit_scale", "plan"]
+           "default_jobs", "device_limit", "device_total", "fit", "fit_scale", "plan"]
 
 DEFAULT_BUDGETS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
 
@@ -51,11 +55,36 @@ def device_limit() -> int:
             return int(free)
     except (ImportError, RuntimeError):
         pass
-    with open("/proc/meminfo") as fh:
+    available = _meminfo("MemAvailable")
+    if not available:
+        raise OSError("no /proc/meminfo MemAvailable line: give --memory as a size")
+    return available
+
+
+def device_total() -> tuple[str, int] | None:
+    """What a limit is checked against, and its total memory in bytes: the first GPU the job can see
+    (nvidia-smi: no CUDA context is made in this process, which the runs would then share the
+    device with), else the machine's memory. None where it cannot be told."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    first = (visible if visible is not None else "0").split(",")[0].strip()
+    if os.path.exists("/dev/nvidiactl") and first not in ("", "-1"):
+        smi = shutil.which("nvidia-smi")
+        try:
+            out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", first],
+                                 capture_output=True, text=True, timeout=30).stdout if smi else ""
+            return "the GPU", int(out.split()[0]) * 2**20  # (MiB)
+        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+            return None
+    return ("the machine", _meminfo("MemTotal")) if _meminfo("MemTotal") else None
+
+
+def _meminfo(key: str) -> int:
+    """A /proc/meminfo figure in bytes (0 where there is none)."""
+    with contextlib.suppress(OSError), open("/proc/meminfo") as fh:
         for line in fh:
-            if line.startswith("MemAvailable:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
-    raise OSError("no /proc/meminfo MemAvailable line: give --memory as a size")
+    return 0
 
 
 def _verify(script: str, args: Sequence[str], config: Config, out: Path, n: int, timeout: float | None,

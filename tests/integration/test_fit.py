@@ -165,6 +165,7 @@ def test_a_scale_takes_each_values_predictions_where_they_are_whole(tmp_path: Pa
     (["--memory", "lots"], "--memory: 'lots' is not a size"),
     (["--memory", "0GB"], "--memory must be more than 0 bytes"),
     (["--memory", "24"], "--memory: '24' has no unit: write 24GB, 24GiB or 24MB (24B for bytes)"),
+    (["--memory", "999TB"], "total memory ("),  # (the machine's, or the GPU's: no run could prove it)
     (["--memory", "1GB", "--budgets", "2"], "outside [0, 1]"),
 ])
 def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) -> None:
