@@ -75,7 +75,8 @@ def device_total() -> tuple[str, int] | None:
             return "the GPU", int(out.split()[0]) * 2**20  # (MiB)
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             return None
-    return ("the machine", _meminfo("MemTotal")) if _meminfo("MemTotal") else None
+    total = _meminfo("MemTotal")
+    return ("the machine", total) if total else None
 
 
 def _meminfo(key: str) -> int:
