@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -227,8 +227,13 @@ def _windows(cap: Capture, device: str) -> tuple[list[tuple[int, int, int, int]]
     forward = {g.scope_name for g in cap.graphs if g.role in ("forward", "inference")}
     begins = np.flatnonzero(raw["kind"] == Kind.SCOPE_BEGIN)
     names = {int(s): cap.scope_name(int(s)) for s in np.unique(raw["scope"][begins]).tolist()}
-    calls = [sid for sid, n in names.items() if n in forward or n.startswith("Torch-Compiled Region:")
-             or n == "CompiledFunction"]  # (the scopes a compiled region's call opens: below)
+    # each call of a compiled region opens these scopes: Inductor's forward graph, Dynamo's frame
+    # ("Torch-Compiled Region: 0/0", any backend), AOTAutograd's forward ("CompiledFunction")
+    opened: tuple[tuple[str, Callable[[str], bool]], ...] = (
+        ("forward graph calls", lambda n: n in forward),
+        ("compiled-region calls", lambda n: n.startswith("Torch-Compiled Region:")),
+        ("compiled-function calls", lambda n: n == "CompiledFunction"))
+    calls = [sid for sid, n in names.items() if any(match(n) for _, match in opened)]
     steps = cap.steps(device, tail=True)  # the events after the last marker: a step whose marker never came,
     if steps and not steps[-1].complete and calls:  # or the script's wrap-up, which calls no compiled region
         tail = begins[(begins >= steps[-1].start_row) & (begins < steps[-1].end_row)]
@@ -237,11 +242,7 @@ def _windows(cap: Capture, device: str) -> tuple[list[tuple[int, int, int, int]]
     if len(steps) >= 2:
         return [(s.start_row, s.end_row, s.t_start_ns, s.t_end_ns) for s in steps], "markers"
     t_stop = cap.info.t_stop_ns or (int(raw["t_ns"][-1]) if len(raw) else 0)
-    # each call of a compiled region opens these scopes: Inductor's forward graph, Dynamo's frame
-    # ("Torch-Compiled Region: 0/0", any backend), AOTAutograd's forward ("CompiledFunction")
-    for what, match in (("forward graph calls", lambda n: n in forward),
-                        ("compiled-region calls", lambda n: n.startswith("Torch-Compiled Region:")),
-                        ("compiled-function calls", lambda n: n == "CompiledFunction")):
+    for what, match in opened:
         first: int | None = None
         rows: list[int] = []
         for r, sid in zip(begins.tolist(), raw["scope"][begins].tolist(), strict=True):
