@@ -27,6 +27,10 @@ def pytest_configure(config: pytest.Config) -> None:
     cache = tempfile.mkdtemp(prefix="memprof-tests-inductor-")
     config.stash[_CACHE_KEY] = cache
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    # pytest-xdist 3.6+ hands out files by their count of tests, most first, unless told not to: the
+    # heaviest files (few tests, minutes each) went last and one worker ran them alone at the end
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -34,12 +38,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 # The files that compile and run the most (a minute or more of a 2-core machine's time each),
-# longest first. Collected first, they go to the worker processes first (pytest-xdist hands out
-# whole files in collection order), so that no worker starts one of them while the others are
-# finishing: collected in name order, test_remat.py and test_sweep.py came last and one worker ran
-# alone for a minute or more at the end.
-HEAVIEST_FILES = ("test_remat.py", "test_sweep.py", "test_fit.py", "test_ranks.py", "test_attribution.py",
-                  "test_fit_runs.py", "test_step_windows.py", "test_as_python.py")
+# longest first (--durations=0 on a clean clone). Collected first, they go to the worker processes
+# first (pytest-xdist hands out whole files in collection order: see pytest_configure), so that no
+# worker starts one of them while the others are finishing: collected in name order,
+# test_remat.py and test_sweep.py came last and one worker ran alone for a minute or more at the end.
+HEAVIEST_FILES = ("test_sweep.py", "test_remat.py", "test_fit.py", "test_ranks.py", "test_attribution.py",
+                  "test_step_windows.py", "test_as_python.py", "test_fit_runs.py", "test_warm_compiles.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

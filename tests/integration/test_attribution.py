@@ -37,12 +37,13 @@ class _Logs(logging.Handler):
 
 
 def _train(module: object, budget: float, steps: int = 2) -> tuple[memprof.Capture, list[str]]:
-    """Capture a compiled model's training steps with the partitioner's debug logging on, in a
-    cache of its own: a hit in AOTAutograd's cache (another test compiled the same model) would
-    replay the partition from memprof's record and leave the partitioner's log empty."""
+    """Capture a compiled model's training steps with the partitioner's debug logging on, and the
+    graph caches off: a hit in AOTAutograd's cache (another test compiled the same model) would
+    replay the partition from memprof's record and leave the partitioner's log empty. The kernels'
+    cache stays: a kernel another test built is not built again."""
     import torch._functorch.config as functorch_config
     import torch._functorch.partitioners as partitioners
-    from torch._inductor.utils import fresh_cache
+    import torch._inductor.config as inductor_config
 
     torch._dynamo.reset()
     logs = _Logs()
@@ -52,7 +53,8 @@ def _train(module: object, budget: float, steps: int = 2) -> tuple[memprof.Captu
     logger.setLevel(logging.INFO)
     partitioners.AOT_PARTITIONER_DEBUG = True
     try:
-        with fresh_cache(), functorch_config.patch(activation_memory_budget=budget), memprof.capture() as cap:
+        with inductor_config.patch(force_disable_caches=True), \
+                functorch_config.patch(activation_memory_budget=budget), memprof.capture() as cap:
             model, ids = module.build(module.SMALL, "cpu")  # type: ignore[attr-defined]
             step = torch.compile(model)
             opt = torch.optim.AdamW(model.parameters())

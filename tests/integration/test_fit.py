@@ -135,6 +135,22 @@ def test_another_limit_takes_the_earlier_predictions(fitted: tuple[Path, dict[st
     assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # (refused before anything is written)
 
 
+def test_nothing_fits_says_by_how_much_and_what_would(fitted: tuple[Path, dict[str, object], str],
+                                                      tmp_path: Path) -> None:
+    """Under a limit below every prediction (the fixture's, taken again), the smallest configuration
+    runs for real: the answer is how far over it is and what would close the gap, exit 1."""
+    out, _doc, _err = fitted
+    res = run_memprof("fit", "--memory", "2MB", "--budgets", "0.0,1.0", "--predictions", str(out),
+                      "-o", str(tmp_path / "f"), SCRIPT, "--", "--steps", "4", cwd=tmp_path)
+    assert res.returncode == 1, res.stderr
+    assert res.stdout.startswith("DOES NOT FIT") and " over" in res.stdout
+    assert "optimizer state" in res.stdout and "8-bit" in res.stdout
+    doc = json.loads((tmp_path / "f" / "fit.json").read_text())
+    assert doc["fits"] is False and doc["choice"] is None and doc["suggestions"]
+    assert doc["measured_peak_bytes"] > 2_000_000
+    assert (doc["verified"][0]["budget"], doc["verified"][0]["remat"]) == (0.0, "light")  # (the smallest, run)
+
+
 def test_a_scale_takes_each_values_predictions_where_they_are_whole(tmp_path: Path) -> None:
     """Under `--scale`, `--predictions` is an earlier scale fit's directory: a value's predictions
     of another command are refused up front; a value whose predictions lack a configuration asked
@@ -174,14 +190,24 @@ def test_bad_input_is_one_line(args: list[str], message: str, tmp_path: Path) ->
     assert not list(tmp_path.iterdir())
 
 
-def test_a_budget_in_bytes_plans_the_configuration_that_fits(tmp_path: Path) -> None:
+def test_a_budget_in_bytes_plans_the_configuration_that_fits(fitted: tuple[Path, dict[str, object], str],
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`trace --budget SIZE`'s plan: the configuration `fit` chooses, from the same predictions (the
+    fixture's, taken as `--predictions` takes them: the search itself is the fixture's to run)."""
+    import functools
+
+    import memprof.fit as fit_mod
     from memprof.cli.options import Budget
-    from memprof.fit import plan
 
     assert Budget().convert("24GB", None, None) == 24 * 10**9 and Budget().convert("0.1", None, None) == 0.1
     assert Budget().convert("1.5GiB", None, None) == 3 * 2**29
+    out, doc, _err = fitted
+    monkeypatch.setattr(fit_mod, "predicted", functools.partial(fit_mod.predicted, reuse=out))
     # the bundled Llama: stock at 0 and 1 and light at 1 are predicted above 3.17 MB, light at 0 under it
-    assert plan(SCRIPT, ["--steps", "3"], 3_170_000, budgets=(0.0, 1.0)) == Config(0.0, "light")
+    assert fit_mod.plan(SCRIPT, ["--steps", "4"], 3_170_000, budgets=(0.0, 1.0)) == Config(0.0, "light")
+    assert doc["choice"] == {"budget": 0.0, "remat": "light"}
+    # under every prediction, the smallest runs (with a warning saying by how much it is over)
+    assert fit_mod.plan(SCRIPT, ["--steps", "4"], 1_000_000, budgets=(0.0, 1.0)) == Config(0.0, "light")
     for bad, words in (("0GB", "more than 0 bytes"), ("3parsecs", "unknown unit"), ("1.5", "in [0, 1]")):
         assert words in one_line_error(invoke_memprof("trace", "--budget", bad, SCRIPT, cwd=tmp_path))
 
@@ -322,7 +348,9 @@ def test_scale_runs_the_next_value_its_reserved_prediction_alone_ruled_out(tmp_p
 def test_a_script_that_compiles_nothing_is_measured_as_it_is(tmp_path: Path) -> None:
     """No graph with a backward is compiled: no budget or remat mode applies. `fit` says so and runs
     the script as it is (exit 1 over the limit, with what would close the gap); `fit --scale` runs
-    each value it probes as it is; `trace --budget SIZE` refuses in one line."""
+    each value it probes as it is; `trace --budget SIZE` refuses in one line. (Past the first fit,
+    stock alone is searched: a remat mode's prediction of a script that compiles nothing is the
+    first fit's to show.)"""
     script = tmp_path / "eager.py"
     script.write_text("import torch\nm = torch.nn.Linear(64, 64)\nopt = torch.optim.AdamW(m.parameters())\n"
                       "for _ in range(3):\n    m(torch.randn(8, 64)).sum().backward(); opt.step(); opt.zero_grad()\n")
@@ -336,14 +364,15 @@ def test_a_script_that_compiles_nothing_is_measured_as_it_is(tmp_path: Path) -> 
     # a script that fails before it gets that far is said to, with its own message
     failing = tmp_path / "fails.py"
     failing.write_text('raise SystemExit("no data at /data/train")\n')
-    res = run_memprof("fit", "--memory", "10kB", "--budgets", "1.0", "-o", "out2", str(failing), cwd=tmp_path)
+    stock = ("--budgets", "1.0", "--remat", "off")
+    res = run_memprof("fit", "--memory", "10kB", *stock, "-o", "out2", str(failing), cwd=tmp_path)
     assert res.returncode == 1 and res.stdout.startswith(
         "NOT MEASURED: the script ended before any compiled graph's backward (exit): no data at /data/train")
     # --scale: each value probed runs as it is, the largest under the limit is the answer, proved by its run
     scaled = tmp_path / "scaled.py"
     scaled.write_text("import sys, torch\nm = torch.nn.Linear(256, 256)\nbatch = int(sys.argv[1])\n"
                       "for _ in range(2):\n    m(torch.randn(batch, 256)).sum().backward()\n")
-    res = run_memprof("fit", "--memory", "3MB", "--scale", "{}", "8,4096", "--budgets", "1.0", "-o", "out3",
+    res = run_memprof("fit", "--memory", "3MB", "--scale", "{}", "8,4096", *stock, "-o", "out3",
                       "--json", str(scaled), cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
@@ -353,7 +382,7 @@ def test_a_script_that_compiles_nothing_is_measured_as_it_is(tmp_path: Path) -> 
         assert p["measured_peak_bytes"] == memprof.load(tmp_path / "out3" / p["capture"]).peak("cpu")
     assert doc["measured_peak_bytes"] == doc["probes"][0]["measured_peak_bytes"] <= 3_000_000
     assert doc["probes"][1]["measured_peak_bytes"] > 3_000_000  # (its input alone is 4 MiB)
-    res = run_memprof("fit", "--memory", "3MB", "--scale", "{}", "8,64", "--budgets", "1.0", "-o", "out4",
+    res = run_memprof("fit", "--memory", "3MB", "--scale", "{}", "8,64", *stock, "-o", "out4",
                       str(failing), cwd=tmp_path)
     assert res.returncode == 1 and res.stdout.startswith(
         "NOT MEASURED: the script ended before any compiled graph's backward (exit): no data at /data/train")
