@@ -34,8 +34,16 @@ from memprof.sweep.spec import budget_label
 Progress = Callable[[Run], None]
 
 
+# The device files a GPU driver makes (NVIDIA's; WSL2's paravirtual GPU; ROCm's kernel driver):
+# where there is none, no GPU can be visible, and torch (seconds to import on a busy machine, in a
+# process that only starts others) need not be asked.
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+
+
 def visible_gpus() -> list[str]:
     """The GPUs child processes are spread over, round robin (CUDA_VISIBLE_DEVICES when set)."""
+    if not any(os.path.exists(f) for f in GPU_DEVICE_FILES):
+        return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return [v for v in visible.split(",") if v.strip()]

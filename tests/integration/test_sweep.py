@@ -88,6 +88,19 @@ def test_process_threads() -> None:
     assert process_threads(2, 5, True, {"TORCHINDUCTOR_COMPILE_THREADS": "8", "OMP_NUM_THREADS": "3"}) == {}
 
 
+def test_a_machine_without_a_gpu_driver_is_told_without_torch() -> None:
+    """The sweep's and fit's parent process only starts others: on a machine with no GPU driver it
+    learns that no GPU is visible (whatever CUDA_VISIBLE_DEVICES says) without importing torch."""
+    from memprof.sweep.runner import GPU_DEVICE_FILES
+
+    if any(os.path.exists(f) for f in GPU_DEVICE_FILES):
+        pytest.skip("a GPU driver is installed here")
+    code = "import sys; from memprof.sweep.runner import visible_gpus; print(visible_gpus(), 'torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "0,1"}).stdout
+    assert out.split() == ["[]", "False"]
+
+
 def test_predict_groups_budgets_into_processes() -> None:
     """Measured budgets run one per process; predicted ones share processes, as few budgets each as
     `jobs` allows and evenly (the largest group sets the wall time), a variant's budgets dealt
