@@ -541,20 +541,21 @@ def test_predicted_graphs_run_op_by_op() -> None:
 @pytest.mark.slow
 def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None:
     """--predict compiles each budget and stops at the first backward: no step runs, no capture is
-    written, and its estimate matches the one the measured sweep derives from its own compile
-    (within 0.1%: Inductor's code differs by a few bytes with the capture's profiler scopes on), and
-    so lies within 3% of the measured step peaks. With one job both budgets share one process (one
-    script start, one Dynamo trace, one joint graph); the budget compiled beside the one the script
-    ran with predicts to the byte what it predicts in a process of its own; no kernel is compiled in
-    either (the script's forward runs op by op, its backward never)."""
+    written, and its estimate for the budget compiled beside the script's matches the one a measured
+    sweep derives from its own compile (within 0.1%: Inductor's code differs by a few bytes with the
+    capture's profiler scopes on), and so lies within 3% of the measured step peak (budget 0, the
+    one the script runs with, is measured against its estimate in test_memprof_estimate_on_inductor_cpu).
+    With one job both budgets share one process (one script start, one Dynamo trace, one joint
+    graph); the budget compiled beside the one the script ran with predicts to the byte what it
+    predicts in a process of its own; no kernel is compiled in either (the script's forward runs op
+    by op, its backward never)."""
     example = str(ROOT / "examples" / "train_llama.py")
-    common = ["--budgets", "0.0,1.0", "--no-plot"]
     script_args = ["--", "--no-optimizer", "--steps", "2"]
-    measured = run_memprof("sweep", example, *common, "--jobs", "2", "-o", "m", *script_args,
+    measured = run_memprof("sweep", example, "--budgets", "1.0", "--no-plot", "-o", "m", *script_args,
                            cwd=tmp_path, timeout=900)
     assert measured.returncode == 0, measured.stderr[-3000:]
-    predicted = run_memprof("sweep", example, *common, "--jobs", "1", "-o", "p", "--predict", *script_args,
-                            cwd=tmp_path, timeout=900)
+    predicted = run_memprof("sweep", example, "--budgets", "0.0,1.0", "--no-plot", "--jobs", "1", "-o", "p",
+                            "--predict", *script_args, cwd=tmp_path, timeout=900)
     assert predicted.returncode == 0, predicted.stderr[-3000:]
     if (os.cpu_count() or 1) > 1:  # one job for two budgets: the sweep says how to use the cores
         assert f"--jobs {min(2, os.cpu_count() or 1)} would spread them over the cores" in predicted.stderr
@@ -569,12 +570,14 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
     log = f"stock_{budget_label(0.0)}+1.log"  # one process
     assert [f.name for f in (tmp_path / "p" / "logs").glob("*.log")] == [log]
     assert "step 1:" not in (tmp_path / "p" / "logs" / log).read_text()  # the script printed nothing after a backward
-    for rm, rp in zip(m.runs, p.runs, strict=True):
-        assert rm.budget == rp.budget and rp.ok and rp.measured is not None and rm.measured is not None
+    (rm,) = m.runs
+    for rp in p.runs:
+        assert rp.ok and rp.measured is not None and rm.measured is not None
         est = rp.measured.estimates["memprof"]
-        assert est is not None and abs(est - (rm.measured.estimates["memprof"] or 0)) <= 0.001 * est
-        assert rm.step_peak is not None and abs(est - rm.step_peak) <= 0.03 * rm.step_peak
-        assert p.value(rp) == est
+        assert est is not None and p.value(rp) == est
+        if rp.budget == rm.budget:
+            assert abs(est - (rm.measured.estimates["memprof"] or 0)) <= 0.001 * est
+            assert rm.step_peak is not None and abs(est - rm.step_peak) <= 0.03 * rm.step_peak
         # no capture: what is live at the peak is the estimate's own explanation, summing to it
         assert rp.measured.at_peak_source == "estimate" and rp.measured.peak_phase == "backward"
         assert sum(rp.measured.at_peak.values()) == est
