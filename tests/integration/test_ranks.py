@@ -279,7 +279,9 @@ def test_fsdp2_ranks_hold_and_name_their_shards(tmp_path: Path) -> None:
         assert scattered == [layer] * (4 * 3 * 2), scattered
 
 
-SWEEP_DDP = DDP.replace("torch.randn(32 * (rank + 1), 64)", "torch.randn(512 * (rank + 1), 64)")
+# (aot_eager: the sweep's ranks are what is tested, not Inductor's kernels, six compiles of them on the CPU)
+SWEEP_DDP = DDP.replace("torch.randn(32 * (rank + 1), 64)", "torch.randn(512 * (rank + 1), 64)").replace(
+    "DDP(torch.compile(", "DDP(torch.compile(backend='aot_eager', model=")
 
 
 def test_sweep_runs_each_budget_as_a_torchrun_job(tmp_path: Path) -> None:
