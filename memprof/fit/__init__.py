@@ -65,9 +65,11 @@ def device_total() -> tuple[str, int] | None:
     """What a limit is checked against, and its total memory in bytes: the first GPU the job can see
     (nvidia-smi: no CUDA context is made in this process, which the runs would then share the
     device with), else the machine's memory. None where it cannot be told."""
+    from memprof.sweep.runner import NVIDIA_DEVICE_FILE
+
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     first = (visible if visible is not None else "0").split(",")[0].strip()
-    if os.path.exists("/dev/nvidiactl") and first not in ("", "-1"):
+    if os.path.exists(NVIDIA_DEVICE_FILE) and first not in ("", "-1"):
         smi = shutil.which("nvidia-smi")
         try:
             out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", first],

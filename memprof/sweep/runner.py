@@ -37,7 +37,8 @@ Progress = Callable[[Run], None]
 # The device files a GPU driver makes (NVIDIA's; WSL2's paravirtual GPU; ROCm's kernel driver):
 # where there is none, no GPU can be visible, and torch (seconds to import on a busy machine, in a
 # process that only starts others) need not be asked.
-GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
+NVIDIA_DEVICE_FILE = "/dev/nvidiactl"
+GPU_DEVICE_FILES = (NVIDIA_DEVICE_FILE, "/dev/dxg", "/dev/kfd")
 
 
 def visible_gpus() -> list[str]:
