@@ -12,9 +12,9 @@ runs. When none fits, the smallest one runs, and its capture says what would clo
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
+import functools
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from memprof.fit.plan import (
 )
 from memprof.fit.scale import Probe, ScaleResult, answer, bisect, bisect_probes, probe, scale_dir, with_value
 from memprof.fit.search import Search, check_predictions, default_jobs, predicted
+from memprof.sweep.runner import visible_gpus
 
 __all__ = ["Candidate", "Config", "FitResult", "Measured", "ScaleResult", "Search", "check_predictions",
            "default_jobs", "device_limit", "device_total", "fit", "fit_scale", "plan"]
@@ -45,16 +46,14 @@ MAX_VERIFY = 3  # runs at most, when the preferred configurations' runs exceed t
 
 
 def device_limit() -> int:
-    """The memory a job can have: on CUDA the device's free memory now (its total less what is
-    outside PyTorch: other processes, the CUDA context), else the machine's available memory."""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            free, _total = torch.cuda.mem_get_info()
-            return int(free)
-    except (ImportError, RuntimeError):
-        pass
+    """The memory a job can have: on a GPU its free memory as a process of the job sees it (its
+    total less what is outside PyTorch: other processes, the process's own CUDA context), else the
+    machine's available memory."""
+    if visible_gpus():
+        memory = gpu_memory()
+        if memory is None:
+            raise OSError("the GPU's free memory could not be read: give --memory as a size")
+        return memory[0]
     available = _meminfo("MemAvailable")
     if not available:
         raise OSError("no /proc/meminfo MemAvailable line: give --memory as a size")
@@ -62,23 +61,30 @@ def device_limit() -> int:
 
 
 def device_total() -> tuple[str, int] | None:
-    """What a limit is checked against, and its total memory in bytes: the first GPU the job can see
-    (nvidia-smi: no CUDA context is made in this process, which the runs would then share the
-    device with), else the machine's memory. None where it cannot be told."""
-    from memprof.sweep.runner import NVIDIA_DEVICE_FILE
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    first = (visible if visible is not None else "0").split(",")[0].strip()
-    if os.path.exists(NVIDIA_DEVICE_FILE) and first not in ("", "-1"):
-        smi = shutil.which("nvidia-smi")
-        try:
-            out = subprocess.run([smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", first],
-                                 capture_output=True, text=True, timeout=30).stdout if smi else ""
-            return "the GPU", int(out.split()[0]) * 2**20  # (MiB)
-        except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-            return None
+    """What a limit is checked against, and its total memory in bytes: the first GPU the job can
+    see, else the machine's memory. None where it cannot be told."""
+    if visible_gpus():
+        memory = gpu_memory()
+        return ("the GPU", memory[1]) if memory else None
     total = _meminfo("MemTotal")
     return ("the machine", total) if total else None
+
+
+# Asked of a child process, as a run of the job would see the device: a CUDA context made here
+# would hold device memory for as long as `fit` runs, beside the runs it plans for.
+_GPU_MEMORY = "import torch; print(*torch.cuda.mem_get_info())"
+
+
+@functools.cache
+def gpu_memory() -> tuple[int, int] | None:
+    """(free, total) bytes of the first GPU a child process sees (any GPU torch drives: CUDA, ROCm,
+    WSL2), or None where the child could not tell."""
+    try:
+        out = subprocess.run([sys.executable, "-c", _GPU_MEMORY], capture_output=True, text=True, timeout=120)
+        free, total = (int(x) for x in out.stdout.split())
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    return free, total
 
 
 def _meminfo(key: str) -> int:

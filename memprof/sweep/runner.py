@@ -37,8 +37,7 @@ Progress = Callable[[Run], None]
 # The device files a GPU driver makes (NVIDIA's; WSL2's paravirtual GPU; ROCm's kernel driver):
 # where there is none, no GPU can be visible, and torch (seconds to import on a busy machine, in a
 # process that only starts others) need not be asked.
-NVIDIA_DEVICE_FILE = "/dev/nvidiactl"
-GPU_DEVICE_FILES = (NVIDIA_DEVICE_FILE, "/dev/dxg", "/dev/kfd")
+GPU_DEVICE_FILES = ("/dev/nvidiactl", "/dev/dxg", "/dev/kfd")
 
 
 def visible_gpus() -> list[str]:
@@ -47,7 +46,13 @@ def visible_gpus() -> list[str]:
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return [v for v in visible.split(",") if v.strip()]
+        # as CUDA reads it: the devices before the first empty or negative entry ("-1" hides all)
+        gpus = []
+        for v in (v.strip() for v in visible.split(",")):
+            if not v or v.startswith("-"):
+                break
+            gpus.append(v)
+        return gpus
     try:
         import torch
 

@@ -56,6 +56,39 @@ def test_what_would_close_the_gap_is_computed_from_the_bytes() -> None:
     assert any("fw0:logits" in s.what and s.saves == 1_000 for s in found)
 
 
+def test_the_gpus_memory_is_a_child_processs_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where a GPU is visible, `--memory device` and the check against the device's total ask a
+    child process (what a run of the job sees, with no CUDA context held by `fit` itself); where the
+    child cannot tell, the limit is an error and the total unknown, never the machine's RAM."""
+    import memprof.fit as fit_mod
+
+    monkeypatch.setattr(fit_mod, "visible_gpus", lambda: ["0"])
+    for code, expected in (("print(1000, 8000)", ((1000, 8000), 1000, ("the GPU", 8000))),
+                           ("raise SystemExit(1)", (None, None, None))):
+        monkeypatch.setattr(fit_mod, "_GPU_MEMORY", code)
+        fit_mod.gpu_memory.cache_clear()
+        assert fit_mod.gpu_memory() == expected[0]
+        assert fit_mod.device_total() == expected[2]
+        if expected[1] is None:
+            with pytest.raises(OSError, match="give --memory as a size"):
+                fit_mod.device_limit()
+        else:
+            assert fit_mod.device_limit() == expected[1]
+    fit_mod.gpu_memory.cache_clear()
+
+
+def test_cuda_visible_devices_is_read_as_cuda_reads_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The devices before the first empty or negative entry: "-1" hides every GPU."""
+    import memprof.sweep.runner as runner
+
+    (tmp_path / "nvidiactl").touch()
+    monkeypatch.setattr(runner, "GPU_DEVICE_FILES", (str(tmp_path / "nvidiactl"),))
+    for visible, gpus in (("1,0", ["1", "0"]), ("-1", []), ("0,-1,1", ["0"]), ("", []),
+                          ("GPU-5a1f, 2", ["GPU-5a1f", "2"])):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        assert runner.visible_gpus() == gpus, visible
+
+
 @pytest.fixture(scope="module")
 def fitted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, object], str]:
     out = tmp_path_factory.mktemp("fit") / "fit"
