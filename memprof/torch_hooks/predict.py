@@ -6,7 +6,10 @@ the script. Each is undone with the `Patches` it was installed with."""
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
@@ -175,9 +178,22 @@ def share_joint_graph(patches: Patches, book: Book, first: float, others: Sequen
     from memprof.torch_hooks.budget import budget_set
 
     original = graph_compile.aot_stage2_autograd
+    inside = threading.local()
 
     # torch 2.11: (aot_state, aot_graph_capture); 2.13 adds partition_fn, fw_compiler, bw_compiler
     def stage2(aot_state: Any, capture: Any, *rest: Any, **kwargs: Any) -> Any:
+        if getattr(inside, "region", False):
+            # AOTAutograd called from within a region's compile (Inductor's pattern matcher traces a
+            # replacement's joint graph with aot_function, recording it in its own partition_fn):
+            # that graph is the matcher's, once, under the budget being compiled
+            return original(aot_state, capture, *rest, **kwargs)
+        inside.region = True
+        try:
+            return _each_budget(aot_state, capture, *rest, **kwargs)
+        finally:
+            inside.region = False
+
+    def _each_budget(aot_state: Any, capture: Any, *rest: Any, **kwargs: Any) -> Any:
         with _joint_passes_once(book, reuse=bool(others)) as next_budget:
             for b in others:
                 if b in book.errors:
@@ -190,6 +206,8 @@ def share_joint_graph(patches: Patches, book: Book, first: float, others: Sequen
                             original(state, cap, *rest, **kwargs)
                     except Exception as exc:
                         book.errors[b] = one_line(exc)
+                        if os.environ.get("MEMPROF_DEBUG"):  # (as the CLI's own internal errors)
+                            traceback.print_exc()
             next_budget()
             with book.compiling(first):
                 return original(aot_state, capture, *rest, **kwargs)
@@ -296,10 +314,13 @@ def resident_bytes() -> Resident:
 def _storage_bytes(tensors: Iterable[Any], device_type: str) -> int:
     """Bytes of the storages under those of `tensors` on `device_type`, each once (views and tied
     weights share one)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
     seen: dict[int, int] = {}
     for t in tensors:
         try:
-            if t.device.type == device_type and not t.is_meta:
+            # (a compile's fake tensors hold no memory; asking for their storage's address warns)
+            if t.device.type == device_type and not t.is_meta and not isinstance(t, FakeTensor):
                 storage = t.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()
         except (RuntimeError, NotImplementedError):  # tensors without storage (fakes, subclasses)

@@ -494,6 +494,47 @@ def test_predicted_budgets_share_a_process(tmp_path: Path) -> None:
     assert failed[1]["error"] == "RuntimeError: deliberate failure before the backward (the script, run with 0)"
 
 
+ATTENTION_SCRIPT = """\
+import torch
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, d: int = 16, heads: int = 2) -> None:
+        super().__init__()
+        self.qkv, self.heads = torch.nn.Linear(d, 3 * d), heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        scores = q @ k.transpose(-2, -1) * (d // self.heads) ** -0.5
+        probs = torch.nn.functional.dropout(torch.softmax(scores, dim=-1), 0.1)
+        return (probs @ v).transpose(1, 2).reshape(b, s, d)
+
+
+step = torch.compile(Attention())
+for _ in range(2):
+    step(torch.randn(8, 64, 16)).sum().backward()
+"""
+
+
+def test_budgets_share_a_process_where_inductors_pattern_matcher_traces(tmp_path: Path) -> None:
+    """Inductor's joint-graph pattern matcher traces an attention pattern's replacement with AOTAutograd
+    (inside the region's compile, recording the graph in a partition function of its own): that
+    nested call is compiled once, as it is, not once per budget (it failed every budget after the
+    first with an AssertionError, the bundled BERT's included)."""
+    script = tmp_path / "attention.py"
+    script.write_text(ATTENTION_SCRIPT)
+    paths = [tmp_path / "0.json", tmp_path / "1.json"]
+    proc = subprocess.run([sys.executable, "-m", "memprof", "_sweep-child", "--predict", "--budget", "0",
+                           "--json", str(paths[0]), "--budget", "1", "--json", str(paths[1]), str(script)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = [json.loads(p.read_text()) for p in paths]
+    assert [g["status"] for g in got] == ["completed", "completed"]
+    assert all(g["measured"]["plans"] == 1 and g["measured"]["estimates"]["memprof"] for g in got)
+    assert got[0]["measured"]["facts"] != got[1]["measured"]["facts"]
+
+
 def test_predicted_graphs_run_op_by_op() -> None:
     """Under `eager_runs`, a graph Inductor compiles runs op by op as it was before Inductor's
     passes: the function's values, no kernel compiled; a graph whose op-by-op run
