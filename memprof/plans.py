@@ -7,6 +7,7 @@ is plain data with JSON round-trips; nothing imports torch.
 
 from __future__ import annotations
 
+import json
 import re
 from array import array
 from collections.abc import Iterable, Sequence
@@ -183,6 +184,7 @@ class KnownTensors(Sequence[KnownTensor]):
         self._released = 0  # records let go from the start
         self._labels: list[tuple[str, str, str]] = []  # (device, category, name)
         self._label_ids: dict[tuple[str, str, str], int] = {}
+        self._labels_json: list[tuple[str, str]] = []  # (device, "category,name") as JSON, for `json_rows`
         for t in tensors:
             self.add(*t)
 
@@ -232,19 +234,54 @@ class KnownTensors(Sequence[KnownTensor]):
         device, category, name = self._labels[self._label[k]]
         return KnownTensor(self._t[k], device, self._ptr[k], self._bytes[k], category, name)
 
+    def json_rows(self, start: int, stop: int) -> str:
+        """Records [start, stop) as the JSON list of their `to_json` (what the spill writes), made
+        from the columns: a ring's spill writes every record again each time it is rewritten, on a
+        thread that shares the interpreter with the script's."""
+        if start < self._released:
+            raise IndexError(f"known tensor {start} was let go (the spill holds the first {self._released:,})")
+        a, b = start - self._released, max(start, stop) - self._released
+        encoded = self._labels_json  # (each label encoded once: a run has hundreds, its rows thousands)
+        for d, c, n in self._labels[len(encoded):]:
+            encoded.append((json.dumps(d), f"{json.dumps(c)},{json.dumps(n)}"))
+        columns = zip(self._t[a:b], self._ptr[a:b], self._bytes[a:b], self._label[a:b], strict=True)
+        return "[" + ",".join([f"[{t},{encoded[lab][0]},{p},{n},{encoded[lab][1]}]" for t, p, n, lab in columns]) + "]"
 
-def prune_known(tensors: Sequence[KnownTensor], before_ns: int) -> list[KnownTensor]:
-    """The known tensors a capture that stores only the events from `before_ns` on still needs:
-    every one seen from then on, and of those seen earlier the last at each address. A record
-    names the block live at its address when it was seen; a block stored from `before_ns` on is
-    named only by later records, and a block carried in from before (allocated earlier, still
-    live) by the last earlier record at its address, if any names it at all."""
-    last: dict[tuple[str, int], int] = {}
-    for i, t in enumerate(tensors):
-        if t.t_ns < before_ns:
-            last[(t.device, t.ptr)] = i
-    keep = set(last.values())
-    return [t for i, t in enumerate(tensors) if t.t_ns >= before_ns or i in keep]
+    def pruned(self, before_ns: int) -> KnownTensors | None:
+        """The records a capture that stores only the events from `before_ns` on still needs, or
+        None where that is all of them: every one seen from then on, and of those seen earlier the
+        last at each address. A record names the block live at its address when it was seen; a block
+        stored from `before_ns` on is named only by later records, and a block carried in from before
+        (allocated earlier, still live) by the last earlier record at its address, if any names it.
+        On the columns: a ring prunes every few steps on the script's thread, where a record object
+        each took milliseconds a step and fed Python's collector. Only records still held (none
+        released to a spill) can be pruned."""
+        import numpy as np
+
+        if self._released:
+            raise ValueError("known tensors released to a spill cannot be pruned")
+        n = len(self._label)  # (read first: another thread may add records meanwhile)
+        if n == 0:
+            return None
+        t = np.frombuffer(self._t[:n], dtype=np.int64)
+        ptr = np.frombuffer(self._ptr[:n], dtype=np.uint64)
+        label = np.frombuffer(self._label[:n], dtype=np.uint32)
+        devices = {d: i for i, d in enumerate(dict.fromkeys(lab[0] for lab in self._labels))}
+        device = np.asarray([devices[lab[0]] for lab in self._labels], dtype=np.int32)[label]
+        early = np.flatnonzero(t < before_ns)[::-1]  # the latest first: np.unique keeps each key's first
+        keep = t >= before_ns
+        for d in range(len(devices)):  # (a few devices; np.unique of one column, not of rows)
+            mine = early[device[early] == d]
+            keep[mine[np.unique(ptr[mine], return_index=True)[1]]] = True
+        if keep.all():
+            return None
+        out = KnownTensors()
+        out._labels, out._label_ids = list(self._labels), dict(self._label_ids)
+        out._labels_json = list(self._labels_json)
+        for mine, theirs in ((self._t, out._t), (self._ptr, out._ptr), (self._bytes, out._bytes),
+                             (self._label, out._label)):
+            theirs.frombytes(np.frombuffer(mine[:n], dtype=mine.typecode)[keep].tobytes())
+        return out
 
 
 _FX_FIELDS = {f.name for f in fields(FxNode)}

@@ -310,7 +310,8 @@ class SpillWriter:
             self.plans, self.graphs = len(plans), len(graphs)
         known = len(tensors)  # (read once: the script's thread adds records meanwhile)
         if known > self.tensors:
-            rows = json.dumps([t.to_json() for t in tensors[self.tensors:known]], separators=(",", ":"))
+            rows = (tensors.json_rows(self.tensors, known) if isinstance(tensors, KnownTensors) else
+                    json.dumps([t.to_json() for t in tensors[self.tensors:known]], separators=(",", ":")))
             self._record(b"P", TENSORS_RECORD + rows.encode() + b"}")  # ({"tensors": rows})
             self.tensors = known
         if not self.ring and isinstance(tensors, KnownTensors):  # (a ring's are pruned, and written anew)

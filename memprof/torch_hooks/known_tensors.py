@@ -15,7 +15,7 @@ from typing import Any
 
 from memprof._events import device_name
 from memprof._native import native
-from memprof.plans import KnownTensors, prune_known
+from memprof.plans import KnownTensors
 
 _FULL_WALK_EVERY = 16  # optimizer steps between walks of its parameters and state (`record_optimizer`)
 
@@ -63,10 +63,10 @@ class KnownTensorRecorder:
         self._walks: dict[int, list[Any]] = {}
 
     def prune_tensors(self, before_ns: int) -> None:
-        """Keep only the records a capture storing the events from `before_ns` on needs (`prune_known`)."""
-        kept = prune_known(self.tensors, before_ns)
-        if len(kept) != len(self.tensors):
-            self.tensors = KnownTensors(kept)
+        """Keep only the records a capture storing the events from `before_ns` on needs (`KnownTensors.pruned`)."""
+        kept = self.tensors.pruned(before_ns)
+        if kept is not None:
+            self.tensors = kept
             self.tensors_pruned += 1
 
     def _add_tensor(self, t_ns: int, tensor: Any, category: str, name: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 import memprof
 from memprof.analysis.attribution import BY, CATEGORIES, Category
 from memprof.analysis.summary import summarize
-from memprof.plans import KnownTensors, prune_known
+from memprof.plans import KnownTensor, KnownTensors
 from memprof.reporters import render
 from memprof.reporters.chrome import validate_chrome_trace
 
@@ -172,5 +172,21 @@ def test_known_tensors_in_columns_read_as_the_records() -> None:
     assert cols[-1] == records[-1] and cols[3:10:2] == records[3:10:2] and cols[len(records):] == []
     with pytest.raises(IndexError):
         cols[len(records)]
-    middle = sorted(t.t_ns for t in records)[len(records) // 2]
-    assert prune_known(cols, middle) == prune_known(records, middle)
+    for a, b in ((0, len(records)), (3, 11), (5, 5)):  # what the spill writes, as json.dumps wrote it
+        assert cols.json_rows(a, b) == json.dumps([t.to_json() for t in records[a:b]], separators=(",", ":"))
+    for before in [*sorted({t.t_ns for t in records})[:: max(1, len(records) // 7)], 0, 2**62]:
+        pruned = cols.pruned(before)
+        expected = _pruned_reference(records, before)
+        assert (list(pruned) if pruned is not None else records) == expected, before
+        assert (pruned is None) == (len(expected) == len(records))
+
+
+def _pruned_reference(tensors: list[KnownTensor], before_ns: int) -> list[KnownTensor]:
+    """`KnownTensors.pruned`'s rule one record at a time: every record from `before_ns` on, and of
+    the earlier ones the last at each (device, address)."""
+    last: dict[tuple[str, int], int] = {}
+    for i, t in enumerate(tensors):
+        if t.t_ns < before_ns:
+            last[(t.device, t.ptr)] = i
+    keep = set(last.values())
+    return [t for i, t in enumerate(tensors) if t.t_ns >= before_ns or i in keep]
