@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from memprof import spill
+from memprof._events import huge_pages
 from memprof.background import Background
 from memprof.capture import Capture
 from memprof.capture_info import Keep
@@ -143,6 +144,7 @@ def _finish(rec: Recorder, ended: BaseException | None, out: Path | None, overwr
             cap.meta.setdefault("notes", []).append(f"{getattr(before_save, '__name__', 'before_save')} failed "
                                                     f"({one_line(exc)})")
     if out is not None and not cap.recording:
+        pages = huge_pages(False)  # (the save's and the summary's arrays: memprof's own)
         beside = _beside(beside_save, cap)
         try:
             _save(cap, out, rec, overwrite)
@@ -155,6 +157,7 @@ def _finish(rec: Recorder, ended: BaseException | None, out: Path | None, overwr
         finally:
             if beside is not None:
                 beside.join()
+            huge_pages(pages)
 
 
 def _beside(fn: Callable[[Capture], None] | None, cap: Capture) -> threading.Thread | None:

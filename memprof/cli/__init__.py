@@ -42,10 +42,19 @@ class _Commands(click.Group):
                                    f"the command (memprof {owners[0]} ... {exc.option_name} ...)") from None
 
 
+# the commands whose process runs no script of the user's (`sweep` and `fit` start theirs as children)
+ANALYSIS_ONLY = frozenset({"report", "export", "diff", "sweep", "fit"})
+
+
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="memprof")
-def cli() -> None:
+@click.pass_context
+def cli(ctx: click.Context) -> None:
     """Exact memory profiles of PyTorch training (CPU and CUDA), with compiled-graph scopes."""
+    if ctx.invoked_subcommand in ANALYSIS_ONLY:
+        from memprof._events import huge_pages
+
+        huge_pages(False)  # (a traced script's process turns them off only once the script has ended)
 
 
 def _register() -> None:

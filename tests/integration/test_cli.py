@@ -108,6 +108,31 @@ def test_report_and_export(script: Path, tmp_path: Path) -> None:
     assert validate_chrome_trace(json.loads((tmp_path / "train.json").read_text())) == []
 
 
+def test_huge_pages_are_numpys_while_the_script_runs_and_off_for_memprofs_arrays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy's huge pages (slow to fault in where the kernel compacts memory for them) are off for
+    memprof's own arrays: while a capture is saved and summarized (then numpy's setting again), and
+    in the commands that run no script; the script itself runs with numpy's setting."""
+    import memprof.session
+    from memprof._events import huge_pages
+
+    numpy_get = "(getattr(numpy, '_core', None) or numpy.core).multiarray._get_madvise_hugepage"
+    (tmp_path / "pages.py").write_text(f"import numpy, torch\nprint('HUGE', {numpy_get}())\nkeep = torch.empty(4)\n")
+    saving: list[bool] = []  # the setting while the capture is saved (huge_pages(False) returns it, changing nothing)
+    save = memprof.session._save
+    monkeypatch.setattr(memprof.session, "_save", lambda *a: (saving.append(huge_pages(False)), save(*a))[1])
+    before = huge_pages(True)
+    try:
+        traced = invoke_memprof("trace", "pages.py", cwd=tmp_path)
+        assert saving == [False]
+        assert traced.returncode == 0 and "HUGE True" in traced.stdout
+        assert huge_pages(True) is True  # (restored after the save and the summary)
+        assert invoke_memprof("report", "pages.memprof", cwd=tmp_path).returncode == 0
+        assert huge_pages(True) is False
+    finally:
+        huge_pages(before)
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
