@@ -37,7 +37,6 @@ EVENT_DTYPE = np.dtype(
 EVENT_NAMES: tuple[str, ...] = tuple(f[0] for f in EVENT_FIELDS)
 
 
-
 def huge_pages(enabled: bool) -> bool:
     """Sets whether numpy asks the kernel to back its large arrays with huge pages; returns the
     previous setting. numpy does by default, and where the kernel then compacts memory at an
@@ -48,6 +47,7 @@ def huge_pages(enabled: bool) -> bool:
     core = getattr(np, "_core", None) or np.core  # (numpy 1.x: np.core)
     setting = getattr(core.multiarray, "_set_madvise_hugepage", None)
     return bool(setting(enabled)) if setting is not None else False
+
 
 class Kind(enum.IntEnum):
     """Event kinds (csrc/events.h `EventKind`)."""

@@ -278,9 +278,9 @@ class KnownTensors(Sequence[KnownTensor]):
         out = KnownTensors()
         out._labels, out._label_ids = list(self._labels), dict(self._label_ids)
         out._labels_json = list(self._labels_json)
-        for mine, theirs in ((self._t, out._t), (self._ptr, out._ptr), (self._bytes, out._bytes),
-                             (self._label, out._label)):
-            theirs.frombytes(np.frombuffer(mine[:n], dtype=mine.typecode)[keep].tobytes())
+        for src, dst in ((self._t, out._t), (self._ptr, out._ptr), (self._bytes, out._bytes),
+                         (self._label, out._label)):
+            dst.frombytes(np.frombuffer(src[:n], dtype=src.typecode)[keep].tobytes())
         return out
 
 

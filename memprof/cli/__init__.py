@@ -54,7 +54,7 @@ def cli(ctx: click.Context) -> None:
     if ctx.invoked_subcommand in ANALYSIS_ONLY:
         from memprof._events import huge_pages
 
-        huge_pages(False)  # (a traced script's process turns them off only once the script has ended)
+        huge_pages(False)  # (a traced script's process: only while its capture is saved, `session`)
 
 
 def _register() -> None:
