@@ -27,16 +27,21 @@ _MAX_BACKWARDS_NS = 10_000_000_000
 _MAX_BACK_STEPS = 0.05
 
 
-def available_memory() -> int | None:
-    """Bytes of memory this machine can still give (Linux's MemAvailable), or None where unknown."""
+def meminfo(key: str) -> int | None:
+    """A figure of Linux's /proc/meminfo in bytes ("MemAvailable", "MemTotal"), or None where unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(key + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None
     return None
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this machine can still give (Linux's MemAvailable), or None where unknown."""
+    return meminfo("MemAvailable")
 
 
 def check_fits(n: int, path: Path, what: str = "capture") -> None:

@@ -11,7 +11,6 @@ runs. When none fits, the smallest one runs, and its capture says what would clo
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 from memprof.analysis.garbage import garbage_at
 from memprof.analysis.labels import CATEGORIES
 from memprof.errors import MemprofError
+from memprof.event_checks import meminfo
 from memprof.fit.plan import (
     Candidate,
     Config,
@@ -54,7 +54,7 @@ def device_limit() -> int:
         if memory is None:
             raise OSError("the GPU's free memory could not be read: give --memory as a size")
         return memory[0]
-    available = _meminfo("MemAvailable")
+    available = meminfo("MemAvailable")
     if not available:
         raise OSError("no /proc/meminfo MemAvailable line: give --memory as a size")
     return available
@@ -66,7 +66,7 @@ def device_total() -> tuple[str, int] | None:
     if visible_gpus():
         memory = gpu_memory()
         return ("the GPU", memory[1]) if memory else None
-    total = _meminfo("MemTotal")
+    total = meminfo("MemTotal")
     return ("the machine", total) if total else None
 
 
@@ -85,15 +85,6 @@ def gpu_memory() -> tuple[int, int] | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return free, total
-
-
-def _meminfo(key: str) -> int:
-    """A /proc/meminfo figure in bytes (0 where there is none)."""
-    with contextlib.suppress(OSError), open("/proc/meminfo") as fh:
-        for line in fh:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def _verify(script: str, args: Sequence[str], config: Config, out: Path, n: int, timeout: float | None,
