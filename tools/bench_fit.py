@@ -63,7 +63,26 @@ def limits(search: dict[str, Any]) -> list[tuple[str, int]]:
     return out
 
 
-def row(what: str, doc: dict[str, Any], seconds: float) -> dict[str, Any]:
+def categories(fit_dir: Path, predictions: Path) -> dict[str, Any] | None:
+    """What the last verified configuration held at its run's peak by category (the whole process),
+    beside what its prediction held at the predicted peak (the step's own bytes by category, the
+    resident bytes as one figure): where a prediction is off, the category that differs says why."""
+    doc = json.loads((fit_dir / "fit.json").read_text())
+    if not doc.get("verified"):
+        return None
+    last = doc["verified"][-1]
+    run = json.loads((fit_dir / f"verify-{len(doc['verified'])}.json").read_text())["runs"][0]["measured"]
+    variant = last["remat"] or "stock"
+    predicted = next((r["measured"] for r in json.loads((predictions / "search.json").read_text())["runs"]
+                      if r["budget"] == last["budget"] and r["variant"] == variant and r["measured"]), None)
+    if run is None or predicted is None:
+        return None
+    return {"config": f"{last['budget']:g} {variant}", "predicted_step": predicted["at_peak"],
+            "predicted_resident": predicted["resident"], "measured": run["at_peak"],
+            "measured_resident": run["resident"]}
+
+
+def row(what: str, doc: dict[str, Any], seconds: float, fit_dir: Path, predictions: Path) -> dict[str, Any]:
     choice = doc["choice"]
     measured, predicted = doc["measured_peak_bytes"], doc["predicted_peak_bytes"]
     error = (predicted - measured) / measured if measured and predicted else None
@@ -75,7 +94,7 @@ def row(what: str, doc: dict[str, Any], seconds: float) -> dict[str, Any]:
             "predicted_reserved": next((c["predicted_reserved_bytes"] for c in doc["candidates"]
                                         if choice and c["budget"] == choice["budget"]
                                         and c["remat"] == choice["remat"]), None),
-            "seconds": round(seconds, 1)}
+            "seconds": round(seconds, 1), "categories": categories(fit_dir, predictions)}
 
 
 def next_up(scaled: dict[str, Any], template: str, values: list[int], script: list[str], out: Path,
@@ -163,7 +182,7 @@ def main() -> None:
     rc, seconds, err = run_memprof("fit", "--memory", "device", "-o", str(tmp / "search"), *common, script[0], "--",
                                *script[1:], cwd=tmp)
     search = json.loads((tmp / "search" / "fit.json").read_text())
-    rows = [row("the device (search)", search, seconds)]
+    rows = [row("the device (search)", search, seconds, tmp / "search", tmp / "search")]
     print(f"search: {seconds:.0f} s, exit {rc} {err}", flush=True)
 
     def one(item: tuple[int, tuple[str, int]]) -> dict[str, Any]:
@@ -171,7 +190,8 @@ def main() -> None:
         rc, seconds, err = run_memprof("fit", "--memory", f"{limit}B", "-o", str(tmp / f"limit{i}"), "--predictions",
                                    str(tmp / "search"), *common, script[0], "--", *script[1:], cwd=tmp)
         print(f"{what}: {seconds:.0f} s, exit {rc} {err}", flush=True)
-        return row(what, json.loads((tmp / f"limit{i}" / "fit.json").read_text()), seconds)
+        return row(what, json.loads((tmp / f"limit{i}" / "fit.json").read_text()), seconds, tmp / f"limit{i}",
+                   tmp / "search")
 
     chosen = limits(search)
     with ThreadPoolExecutor(len(chosen)) as pool:
@@ -215,6 +235,16 @@ def report(a: argparse.Namespace, rows: list[dict[str, Any]], scaled: dict[str, 
               f"| {r['predicted_bytes'] or 0:,} | {r['measured_bytes'] or 0:,} | {err_text} "
               f"| {_n(r['reserved_bytes'])} | {_n(r['predicted_reserved'])} | {r['runs']} | {r['seconds']} |",
               flush=True)
+    for r in rows:  # where a prediction is off by more than 0.5%: what each side held, by category
+        cats = r["categories"]
+        if r["error"] is None or abs(r["error"]) <= 0.005 or cats is None:
+            continue
+        print(f"\n{r['limit']}, {cats['config']}: predicted at its peak (the step's bytes; resident "
+              f"{cats['predicted_resident']:,} B) against the run at its peak (the whole process; resident "
+              f"{_n(cats['measured_resident'])} B)")
+        print("| category | predicted (step) | measured (process) |\n|---|---|---|")
+        for key in sorted(set(cats["predicted_step"]) | set(cats["measured"])):
+            print(f"| {key} | {_n(cats['predicted_step'].get(key))} | {_n(cats['measured'].get(key))} |")
     timed = [r for r in rows if "chosen_ms" in r and r["fits"]]
     if timed:
         print("\n| limit | choice, step ms (forward + backward) | fastest predicted to fit, ms | choice / fastest |")
