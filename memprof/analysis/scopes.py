@@ -216,15 +216,21 @@ class ScopeIndex:
         self.raw = raw
         rows = np.flatnonzero(kind_mask(raw["kind"], (Kind.SCOPE_BEGIN, Kind.SCOPE_END)))
         rows = rows.astype(index_dtype(len(raw)), copy=False)
-        threads = raw["thread"][rows]
         self.threads: list[int] = []  # in order of their first scope event
         self._rows: dict[int, np.ndarray] = {}
         self._pairs_of: dict[int, tuple[np.ndarray, ...]] = {}
-        if len(rows):
-            uniq, first = np.unique(threads, return_index=True)
-            for t in uniq[np.argsort(first)].tolist():
-                self.threads.append(int(t))
-                self._rows[int(t)] = rows if len(uniq) == 1 else rows[threads == t]
+        if not len(rows):
+            return
+        column = raw["thread"]
+        if column.strides == (0,):  # one thread made every event (the column holds one value)
+            self.threads.append(int(column[0]))
+            self._rows[int(column[0])] = rows
+            return
+        threads = column[rows]
+        uniq, first = np.unique(threads, return_index=True)
+        for t in uniq[np.argsort(first)].tolist():
+            self.threads.append(int(t))
+            self._rows[int(t)] = rows if len(uniq) == 1 else rows[threads == t]
 
     def rows_on(self, thread: int) -> np.ndarray:
         """Rows of the scope events on `thread`, in order."""
