@@ -77,8 +77,8 @@ def categories(fit_dir: Path, predictions: Path) -> dict[str, Any] | None:
                       if r["budget"] == last["budget"] and r["variant"] == variant and r["measured"]), None)
     if run is None or predicted is None:
         return None
-    return {"config": f"{last['budget']:g} {variant}", "predicted_step": predicted["at_peak"],
-            "predicted_resident": predicted["resident"], "measured": run["at_peak"],
+    return {"config": f"{last['budget']:g} {variant}", "predicted_step": predicted["at_peak"] or {},
+            "predicted_resident": predicted["resident"], "measured": run["at_peak"] or {},
             "measured_resident": run["resident"]}
 
 
@@ -240,7 +240,7 @@ def report(a: argparse.Namespace, rows: list[dict[str, Any]], scaled: dict[str, 
         if r["error"] is None or abs(r["error"]) <= 0.005 or cats is None:
             continue
         print(f"\n{r['limit']}, {cats['config']}: predicted at its peak (the step's bytes; resident "
-              f"{cats['predicted_resident']:,} B) against the run at its peak (the whole process; resident "
+              f"{_n(cats['predicted_resident'])} B) against the run at its peak (the whole process; resident "
               f"{_n(cats['measured_resident'])} B)")
         print("| category | predicted (step) | measured (process) |\n|---|---|---|")
         for key in sorted(set(cats["predicted_step"]) | set(cats["measured"])):
