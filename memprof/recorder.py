@@ -26,6 +26,7 @@ from memprof.capture_info import Keep
 from memprof.console import say
 from memprof.errors import MemprofError, one_line
 from memprof.fileformat import EventSource
+from memprof.plans import KnownTensors
 from memprof.torch_hooks import graph_breaks, runtime
 from memprof.torch_hooks.patch import Patches
 
@@ -180,11 +181,11 @@ class Recorder:
     def _recorded(self) -> spill.Recorded:
         rec = self.plan_recorder
         if rec is None:
-            return spill.Recorded([], [], [], 0)
+            return spill.Recorded([], [], KnownTensors(), 0)
         # before a step window opens the records are still pruned (`_bound_known`): none go to the spill yet
         pruned = rec.tensors_pruned  # (read first: a prune in between shows as a change the next time)
         pending = self.keep.last is not None and not self._window_known
-        return spill.Recorded(rec.plans, rec.graphs, [] if pending else rec.tensors, pruned)
+        return spill.Recorded(rec.plans, rec.graphs, KnownTensors() if pending else rec.tensors, pruned)
 
     def remove_spill(self, path: Path | None = None) -> None:
         path = path or (self.spill.path if self.spill is not None else None)

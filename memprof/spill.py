@@ -59,7 +59,7 @@ class Recorded(NamedTuple):
 
     plans: list[Any]
     graphs: list[Any]
-    tensors: list[Any]
+    tensors: KnownTensors
     pruned: int
 
 
@@ -310,11 +310,10 @@ class SpillWriter:
             self.plans, self.graphs = len(plans), len(graphs)
         known = len(tensors)  # (read once: the script's thread adds records meanwhile)
         if known > self.tensors:
-            rows = (tensors.json_rows(self.tensors, known) if isinstance(tensors, KnownTensors) else
-                    json.dumps([t.to_json() for t in tensors[self.tensors:known]], separators=(",", ":")))
+            rows = tensors.json_rows(self.tensors, known)
             self._record(b"P", TENSORS_RECORD + rows.encode() + b"}")  # ({"tensors": rows})
             self.tensors = known
-        if not self.ring and isinstance(tensors, KnownTensors):  # (a ring's are pruned, and written anew)
+        if not self.ring:  # (a ring's are pruned, and written anew)
             tensors.release_before(self.tensors)  # on file: `session_tensors` reads them back
         self.pruned = pruned
         if time.monotonic() - self._synced >= SYNC_EVERY_S:  # (written more often when the store fills)
