@@ -223,8 +223,7 @@ class ScopeIndex:
             return
         column = raw["thread"]
         if column.strides == (0,):  # one thread made every event (the column holds one value)
-            self.threads.append(int(column[0]))
-            self._rows[int(column[0])] = rows
+            self.threads, self._rows = [int(column[0])], {int(column[0]): rows}
             return
         threads = column[rows]
         uniq, first = np.unique(threads, return_index=True)
