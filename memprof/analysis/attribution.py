@@ -36,6 +36,7 @@ from memprof.analysis.labels import (
 )
 from memprof.analysis.scopes import ScopeIndex, inside
 from memprof.analysis.timeline import Timeline
+from memprof.analysis.zero_grads import label_zero_grads
 from memprof.plans import CompiledGraph, KnownTensor, Plan
 
 __all__ = ["BEFORE_CAPTURE", "BY", "CATEGORIES", "AttributionRow", "CallJoin", "Category", "Labels",
@@ -201,6 +202,7 @@ def label_timeline(
     if len(eager):
         first_activity = min([c[1] for c in calls] + [b[1] for b in bws] + [len(raw)])
         _label_eager(ctx, eager, opts, first_activity, in_backward, freed_in_bw)
+        label_zero_grads(ctx, eager)
     if carried:
         _label_carried(ctx, carried, in_backward, freed_in_bw)
     label_distributed(ctx, eager, alloc_pos[call_of >= 0], in_backward)

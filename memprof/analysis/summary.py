@@ -13,6 +13,7 @@ from memprof.analysis.attribution import CATEGORIES, AttributionRow
 from memprof.analysis.garbage import freed_bytes
 from memprof.analysis.oom import OomReport, oom_reports
 from memprof.analysis.timeline import unfollowed_count
+from memprof.analysis.zero_grads import zero_grad_bytes
 from memprof.capture import Capture
 from memprof.plans import Plan
 from memprof.remat.report import RematReport
@@ -90,6 +91,7 @@ class DeviceSummary:
     largest: list[LiveRow]
     scopes: list[ScopeBytes]
     steps: list[StepRow]
+    zero_grads_at_peak: int = 0  # zeros autograd made for outputs no loss used (`memprof.analysis.zero_grads`)
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
                          labels.names[int(labels.node[p])], (peak_t - a.t_ns) / 1e6, a.ptr)
                  for a, p in zip(live, live_pos.tolist(), strict=True)],
         scopes=_scopes_of(cap, raw["scope"][tl.rows[every]], tl.delta_at(every), top),
-        steps=step_rows(cap, dev),
+        steps=step_rows(cap, dev), zero_grads_at_peak=zero_grad_bytes(labels, tl, every),
     )
 
 

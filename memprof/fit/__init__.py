@@ -19,6 +19,7 @@ from pathlib import Path
 
 from memprof.analysis.garbage import garbage_at
 from memprof.analysis.labels import CATEGORIES
+from memprof.analysis.zero_grads import zero_grad_bytes
 from memprof.errors import MemprofError
 from memprof.event_checks import meminfo
 from memprof.fit.plan import (
@@ -130,7 +131,8 @@ def _gap_suggestions(result: FitResult, out: Path, measured: Measured) -> None:
     if tl.has_reserved and len(tl.reserved):
         k = int(tl.reserved.argmax())
         slack = int(tl.reserved[k]) - tl.allocated_before_row(int(tl.reserved_rows[k]) + 1)
-    result.suggestions = suggestions(over, at_peak, largest, slack)
+    zeros = zero_grad_bytes(labels, tl, tl.live_positions(tl.peak_pos)) if tl.peak_pos >= 0 else 0
+    result.suggestions = suggestions(over, at_peak, largest, slack, zeros)
 
 
 def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], modes: Sequence[str], out: Path,

@@ -7,6 +7,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from memprof.analysis.units import fmt_bytes
+from memprof.analysis.zero_grads import ADVICE
 
 
 @dataclass(frozen=True)
@@ -125,11 +126,14 @@ class Suggestion:
 
 
 def suggestions(gap: int, at_peak: Mapping[str, int], largest: Sequence[tuple[str, int]],
-                reserved_slack: int) -> list[Suggestion]:
+                reserved_slack: int, zero_grads: int = 0) -> list[Suggestion]:
     """What would close a `gap` of bytes, from the verifying run's capture of the smallest
-    configuration: its bytes at the peak by category, its largest live allocations (name, bytes)
-    and reserved-but-unallocated bytes at the reserved peak. Largest saving first."""
+    configuration: its bytes at the peak by category, its largest live allocations (name, bytes),
+    reserved-but-unallocated bytes at the reserved peak and the zeros autograd made at the peak for
+    compiled outputs no loss used (`memprof.analysis.zero_grads`). Largest saving first."""
     out: list[Suggestion] = []
+    if zero_grads:
+        out.append(Suggestion(f"{fmt_bytes(zero_grads)} at the peak are {ADVICE}", zero_grads))
     state = at_peak.get("optimizer_state", 0)
     if state:
         out.append(Suggestion(f"the optimizer state is {fmt_bytes(state)} at the peak: an 8-bit optimizer "

@@ -8,6 +8,7 @@ from typing import IO, Any
 from memprof.analysis.oom import format_oom
 from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, step_rows, summarize
 from memprof.analysis.units import count, fmt_bytes, fmt_mb
+from memprof.analysis.zero_grads import ADVICE
 from memprof.capture import Capture
 from memprof.errors import MemprofError, printable
 from memprof.outputs import json_text
@@ -93,6 +94,8 @@ def _at_peak(d: DeviceSummary, bound: str) -> list[str]:
         lines.append(f"  {fmt_bytes(a.bytes):>10}  {what}{req}, allocated {_age(a.age_ms)} before the peak")
     if d.allocated_before_capture_bytes:
         lines.append(f"  {fmt_bytes(d.allocated_before_capture_bytes):>10}  allocated before the capture")
+    if d.zero_grads_at_peak:
+        lines.append(f"  {fmt_bytes(d.zero_grads_at_peak):>10}  of the peak are {ADVICE}")
     if d.scopes:
         lines.append("  live bytes at the peak by the scope open when each was allocated (the innermost op or "
                      "kernel; --by kernel names compiled-graph buffers by the kernel that wrote them):")

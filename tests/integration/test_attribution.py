@@ -284,6 +284,47 @@ def test_eager_capture_attributes_by_scope() -> None:
     assert cap.plans == [] and cap.labels("cpu").calls == []
 
 
+def test_zeros_for_an_output_no_loss_used_are_named_at_the_peak() -> None:
+    """A compiled model that returns its logits beside its loss is handed zeros the size of the
+    logits as their gradient in every backward (autograd's materialized gradients); a compiled
+    function that returns the loss alone is handed none. Named, and counted at the peak."""
+    from memprof.analysis.summary import summarize
+    from memprof.analysis.zero_grads import ZERO_GRAD_NODE
+    from memprof.reporters.text import format_summary
+
+    class LM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(4096, 64)
+            self.head = torch.nn.Linear(64, 4096, bias=False)
+
+        def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.head(torch.tanh(self.emb(ids)))
+            return torch.nn.functional.cross_entropy(logits.view(-1, 4096), ids.view(-1)), logits
+
+    torch.manual_seed(0)
+    model, ids = LM(), torch.randint(0, 4096, (4, 64))
+    logits_bytes = 4 * 64 * 4096 * 4
+    for returns_logits in (True, False):
+        torch._dynamo.reset()
+        fn = torch.compile(model if returns_logits else lambda i: model(i)[0], backend="aot_eager")
+        with memprof.capture() as cap:
+            for _ in range(2):
+                out = fn(ids)
+                (out[0] if returns_logits else out).backward()
+                model.zero_grad(set_to_none=True)
+        labels, tl = cap.labels("cpu"), cap.timeline("cpu")
+        named = [i for i, n in enumerate(labels.names) if n == ZERO_GRAD_NODE]
+        made = np.flatnonzero(tl.is_alloc & np.isin(labels.node, named))
+        summary = summarize(cap)
+        if returns_logits:
+            assert tl.delta_at(made).tolist() == [logits_bytes] * 2
+            assert summary.devices[0].zero_grads_at_peak == logits_bytes
+            assert "returns only the loss makes none" in format_summary(summary)
+        else:
+            assert len(made) == 0 and summary.devices[0].zero_grads_at_peak == 0
+
+
 def test_dropout_recomputed_below_budget_one_is_flagged(tmp_path: Path) -> None:
     """At budget 0.0 this BERT's backward draws the graph's seeds anew, so every mask differs from
     the forward's (its gradients are 7.8% off budget 1.0's with the same seed; at 0.05 the seeds are

@@ -54,6 +54,8 @@ def test_what_would_close_the_gap_is_computed_from_the_bytes() -> None:
     assert any("FSDP over 2 ranks" in s.what and s.saves == 400 for s in found)
     assert found[0].saves == max(s.saves for s in found)
     assert any("fw0:logits" in s.what and s.saves == 1_000 for s in found)
+    zeros = suggestions(600, {}, [], reserved_slack=0, zero_grads=900)
+    assert [(s.saves, "returns only the loss" in s.what) for s in zeros] == [(900, True)]
 
 
 def test_the_gpus_memory_is_a_child_processs_view(monkeypatch: pytest.MonkeyPatch) -> None:
