@@ -346,7 +346,8 @@ def estimate_fields(walk: CaptureEstimate | None) -> dict[str, Any]:
 def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: str, torch_version: str | None = None,
               probes: dict[str, list[Any]] | None = None, allocator: CachingAllocatorModel | None = None,
               between: OptimizerStep | None = None, tangents: Mapping[int, Sequence[str]] | None = None,
-              first_calls: FirstCalls | None = None) -> tuple[dict[str, float | None], CaptureEstimate | None]:
+              first_calls: FirstCalls | None = None, held: Sequence[tuple[int, int]] = ()
+              ) -> tuple[dict[str, float | None], CaptureEstimate | None]:
     """Compile-time predictions of the step peak, from the plans and compiled graphs recorded:
     memprof's walk of the wrapper code (`memprof.sweep.estimate`; also returned whole, with where
     its peak is and what is live there) and Inductor's own `estimate_peak_memory` (the larger of a
@@ -357,7 +358,8 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     taken as measured, no kernel runs for them here. `allocator`: the CUDA caching allocator when the
     step began (`caching_allocator.model_at`): memprof's estimate then counts its blocks; with
     `between`, `allocator` is its state before the first step; `tangents`: what a capture saw of
-    each backward's tangents; `first_calls`: a prediction's first step (`estimate_capture_plans`)."""
+    each backward's tangents; `first_calls` and `held`: a prediction's first step and the outputs its
+    script held (`estimate_capture_plans`)."""
     from memprof.sweep.probe import preload
     from memprof.sweep.step_estimate import estimate_capture_plans
 
@@ -371,7 +373,7 @@ def estimates(plans: Sequence[Plan], graphs: Sequence[CompiledGraph], device: st
     walk: CaptureEstimate | None = None
     try:
         walk = estimate_capture_plans(plans, graphs, device, torch_version=torch_version, allocator=allocator,
-                                      between=between, tangents=tangents, first_calls=first_calls)
+                                      between=between, tangents=tangents, first_calls=first_calls, held=held)
     except Exception:  # a wrapper this walk does not understand: no estimate, never a failed sweep
         walk = None
     out["memprof"] = walk.peak if walk else None

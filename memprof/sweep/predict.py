@@ -54,6 +54,7 @@ from memprof.torch_hooks.predict import (
     allocator_segments,
     cublas_workspace_bytes,
     eager_runs,
+    held_outputs,
     lazy_kernels,
     resident_bytes,
     share_joint_graph,
@@ -123,6 +124,8 @@ class _Book:
     resident: Resident | None = None
     state_bytes: int = 0
     workspaces: int = 0
+    # the compiled outputs the script held beside its loss at the first backward (`held_outputs`)
+    held: list[tuple[int, int]] = field(default_factory=list)
 
     def before_first_run(self) -> None:
         if self.segments is None:
@@ -130,7 +133,7 @@ class _Book:
         if self.resident is None:
             self.resident = resident_bytes()
 
-    def at_stop(self) -> None:
+    def at_stop(self, roots: list[Any]) -> None:
         if self.segments is not None and self.segments[0] >= 0:
             self.optimizer_state = optimizer_state_requests(self.segments[0])
         elif self.resident is not None and self.resident.device == "cpu":
@@ -143,6 +146,7 @@ class _Book:
             # under `_backward_impl`); no backward runs here, so it is counted as the forward's twin
             self.workspaces = 2 * cublas_workspace_bytes() if self.resident.device == "cuda" else 0
             self.state_bytes = optimizer_state_bytes(self.resident.device) + self.workspaces
+            self.held = held_outputs(roots, self.resident.device)
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:
@@ -260,21 +264,25 @@ def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:
     """What a step after the first starts from: the caching allocator's model of it where the
     estimate replayed one (the optimizer's state in the blocks it got, some larger than their
     requests), else what was allocated before the first compiled graph ran plus the state's
-    requests; and the cuBLAS workspaces."""
+    requests; and the cuBLAS workspaces, and the outputs the script holds that no backward saves."""
     if book.resident is None:
         return None
+    # (held outputs a backward saves are in the step's estimate; without one, all of them count here)
+    held = walk.held_outputs if walk is not None else sum(b for _k, b in book.held)
     if walk is not None and walk.steady_start is not None:  # (the workspaces in the model's blocks, or beside)
-        return walk.steady_start + (0 if walk.workspaces_in_blocks else book.workspaces)
-    return book.resident.allocated + book.state_bytes
+        return walk.steady_start + (0 if walk.workspaces_in_blocks else book.workspaces) + held
+    return book.resident.allocated + book.state_bytes + held
 
 
 def _reserved(book: _Book, walk: CaptureEstimate | None) -> int | None:
     """The caching allocator's reserved bytes by the end of a step after the first, where the
     estimate replayed its model: the model's segments, and a segment per cuBLAS workspace (32 MiB:
-    a segment of its own)."""
+    a segment of its own); and the outputs the script holds that no backward saves, whose blocks the
+    model gave back when the forward returned (an upper bound: what the model's backward put in
+    them may fit in its segments' free space)."""
     if walk is None or walk.steady_reserved is None:
         return None
-    return walk.steady_reserved + (0 if walk.workspaces_in_blocks else book.workspaces)
+    return walk.steady_reserved + (0 if walk.workspaces_in_blocks else book.workspaces) + walk.held_outputs
 
 
 def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], remat: str | None, result: Any,
@@ -293,8 +301,8 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
     device = "cuda" if any("empty_strided_cuda((" in g.source for g in graphs) else "cpu"
     allocator, between = _allocator(book, device, notes)
     first_calls = _first_calls(graphs, book, notes) if allocator is not None and between is not None else None
-    found, walk = (estimates(plans, graphs, device, allocator=allocator, between=between, first_calls=first_calls)
-                   if error is None else ({}, None))
+    found, walk = (estimates(plans, graphs, device, allocator=allocator, between=between, first_calls=first_calls,
+                             held=book.held) if error is None else ({}, None))
     explained = estimate_fields(walk)
     ok = result.status in ("stopped", "completed", "exit") and result.exit_code == 0
     if error is not None:

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, optimizer_peak, steady_peak
+from memprof.analysis.units import round_up
 from memprof.plans import FxNode, Plan
 from memprof.sweep.block_peak import WORKSPACE_KEYS, FirstCalls, block_peak, chain_requests
 from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, kept_tangents
@@ -70,6 +71,9 @@ class CaptureEstimate:
     # and the bytes the model has reserved when that step ends (its segments, never returned)
     steady_reserved: int | None = None
     workspaces_in_blocks: bool = False  # the first step made cuBLAS's workspaces in the model (`FirstCalls`)
+    # a prediction's: bytes of the outputs the script holds beside its loss that no backward saves
+    # (`held_outputs`): every step after the first starts with them
+    held_outputs: int = 0
 
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
@@ -77,7 +81,8 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
                            allocator: CachingAllocatorModel | None = None,
                            between: OptimizerStep | None = None,
                            tangents: Mapping[int, Sequence[str]] | None = None,
-                           first_calls: FirstCalls | None = None) -> CaptureEstimate | None:
+                           first_calls: FirstCalls | None = None,
+                           held: Sequence[tuple[int, int]] = ()) -> CaptureEstimate | None:
     """memprof's estimate for a capture's compiled pairs, or None when a pair has no Inductor
     wrapper code or has symbolic sizes (a dynamic-shape graph: the walk has no sizes to add up, and
     a figure that counted them as 0 would be wrong without saying so). `probe`: measure the fallback
@@ -90,7 +95,9 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     `allocator` is its state before the first step (a prediction: no step ran), what is allocated
     between the first step and the next (the optimizer's step, `optimizer_state_requests`): the
     peak is then the second step's, the first having left its free blocks as a running job's do;
-    `first_calls`: what the first step's graph calls allocate beyond a later step's (`FirstCalls`)."""
+    `first_calls`: what the first step's graph calls allocate beyond a later step's (`FirstCalls`);
+    `held`: a prediction's compiled outputs the script held at its first backward (output index,
+    bytes: `memprof.torch_hooks.predict.held_outputs`)."""
 
     from memprof.sweep.probe import probe_graph_calls, unprobed
 
@@ -107,6 +114,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     held_after: list[int] = []
     pairs: list[tuple[Plan, StepEstimate]] = []
     links: list[dict[str, int]] = []
+    unsaved, todo = 0, list(held)
     for i, plan in enumerate(plans):
         fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
         bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
@@ -122,6 +130,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         pairs.append((plan, est))
         links.append({n: j for n, (_b, j) in linked.items()})
         held_after.append(before + est.saved)
+        unsaved += held_unsaved(plan, est, todo, block)
         for key in user_outputs(plan):
             earlier.setdefault(key, i)
         if best is None or before + est.peak > best.peak:
@@ -138,10 +147,30 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         opt = optimizer_peak(between)
         if opt > best.peak:  # its optimizer step holds more than its forward or backward
             best = CaptureEstimate(opt, "optimizer step", {"gradient": between.grads, "temporary": opt - between.grads})
-    best = dataclasses.replace(best, unprobed=tuple(missed), requested_peak=best.peak)
+    best = dataclasses.replace(best, unprobed=tuple(missed), requested_peak=best.peak, held_outputs=unsaved)
     if allocator is not None:
         best = _in_blocks(best, pairs, links, block, allocator, between, first_calls)
     return best
+
+
+def held_unsaved(plan: Plan, est: StepEstimate, held: list[tuple[int, int]], block: int) -> int:
+    """Bytes of the held outputs (`held`: output index, bytes; those matched here are taken off it)
+    that are this pair's forward outputs (the index, and the size of its storage) and that its
+    backward does not save. A saved one is in the step's estimate already; one that is not is freed
+    there when the forward returns, where the script keeps it (in a variable, until the next step's
+    forward returns the new one): a step after the first starts with it."""
+    fw = est.fw
+    if fw is None:
+        return 0
+    kept = {s for s in fw.outputs[plan.num_fwd_outputs:] if s is not None}
+    out = 0
+    for item in list(held):
+        k, nbytes = item
+        sid = fw.outputs[k] if k < min(plan.num_fwd_outputs, len(fw.outputs)) else None
+        if sid is not None and fw.sizes.get(sid) == round_up(nbytes, block):
+            held.remove(item)
+            out += 0 if sid in kept else fw.sizes[sid]
+    return out
 
 
 def running_torch_version() -> str:

@@ -6,6 +6,7 @@ the script. Each is undone with the `Patches` it was installed with."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import threading
 import time
@@ -259,13 +260,15 @@ def _joint_passes_once(book: Book, reuse: bool) -> Iterator[Callable[[], None]]:
 
 
 
-def stop_at_backward(patches: Patches, stop: type[BaseException], before: Callable[[], None] | None = None) -> None:
+def stop_at_backward(patches: Patches, stop: type[BaseException],
+                     before: Callable[[list[Any]], None] | None = None) -> None:
     """`Tensor.backward` and `torch.autograd.backward` raise `stop`: the first backward call ends
     the script (not `torch.autograd.grad`: AOTAutograd traces the joint graph with it). `before` is
-    called first, while the script's objects are still alive."""
-    def raise_stop(*_a: Any, **_k: Any) -> Any:
+    called first, with the tensors the backward starts from, while the script's objects are alive."""
+    def raise_stop(*a: Any, **k: Any) -> Any:
         if before is not None:
-            before()
+            roots = a[0] if a else k.get("tensors")
+            before(list(roots) if isinstance(roots, (list, tuple)) else [roots])
         raise stop()
 
     patches.set("torch", "Tensor.backward", raise_stop)
@@ -309,6 +312,31 @@ def resident_bytes() -> Resident:
     if device == "cuda":
         return Resident(device, int(torch.cuda.memory_allocated()), parameters)
     return Resident(device, _storage_bytes(live_instances(torch.Tensor), "cpu"), parameters)
+
+
+def held_outputs(roots: Sequence[Any], device_type: str) -> list[tuple[int, int]]:
+    """The compiled regions' outputs the script still holds when its first backward is called,
+    beside the tensors that backward starts from (`roots`), as (output index, storage bytes) on
+    `device_type`, each storage once: a model's logits returned beside its loss and kept in a
+    variable (`logits, loss = model(x, y)`), live through the backward and, until the next step's
+    forward returns new ones, into the next step. Tensors a compiled region returned have its
+    `CompiledFunctionBackward` as `grad_fn`, their index among its outputs as `output_nr`."""
+    import torch
+
+    from memprof.torch_hooks.known_tensors import live_instances
+
+    # (the script ends here; what only a reference cycle holds, as Dynamo's tracing of a graph after
+    # a break holds that step's logits, goes: a real run frees it whenever a collection runs)
+    gc.collect()
+    skip = {id(t) for t in roots}
+    found: dict[int, tuple[int, int]] = {}
+    for t in live_instances(torch.Tensor):
+        if id(t) in skip or t.grad_fn is None or type(t.grad_fn).__name__ != "CompiledFunctionBackward":
+            continue
+        nbytes = _storage_bytes([t], device_type)
+        if nbytes:
+            found[t.untyped_storage().data_ptr()] = (int(t.output_nr), nbytes)
+    return list(found.values())
 
 
 def _storage_bytes(tensors: Iterable[Any], device_type: str) -> int:

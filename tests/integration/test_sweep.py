@@ -645,3 +645,55 @@ def test_predict_draws_the_curve_without_a_training_step(tmp_path: Path) -> None
     assert {k: v for k, v in sm["at_peak"].items() if k != "workspace"} == {
         k: v for k, v in om["at_peak"].items() if k != "workspace"}
     assert "predicted MB" in predicted.stdout
+
+
+_HOLDS_LOGITS = '''\
+import sys
+import torch
+
+
+class LM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(1024, 32)
+        self.head = torch.nn.Linear(32, 1024, bias=False)
+
+    def forward(self, ids):
+        logits = self.head(torch.tanh(self.emb(ids)))
+        return torch.nn.functional.cross_entropy(logits.view(-1, 1024), ids.view(-1)), logits
+
+
+torch.manual_seed(0)
+model = LM()
+ids = torch.randint(0, 1024, (4, 64))
+step = torch.compile(model)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(2):
+    if sys.argv[1] == "hold":
+        loss, logits = step(ids)  # the logits stay live until the next step's forward returns
+    else:
+        loss = step(ids)[0]
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+'''
+
+
+def test_a_prediction_counts_the_outputs_a_script_holds_beside_its_loss(tmp_path: Path) -> None:
+    """`logits, loss = model(x, y)` keeps the logits through the backward and into the next step: a
+    prediction (stopped at the first backward) counts them in the bytes a step starts from where no
+    backward saves them (budget 0 recomputes them), and not again where one does (budget 1 saves
+    them for the loss's backward: in the step's estimate already). The two budgets share one
+    process, so everything else a step starts from is the same."""
+    import torch
+
+    from memprof.sweep.predict import predict
+
+    script = tmp_path / "holds.py"
+    script.write_text(_HOLDS_LOGITS)
+    torch._dynamo.reset()
+    out = predict(str(script), ["hold"], [0.0, 1.0], None)
+    assert [o.status for o in out] == ["completed", "completed"], [o.error for o in out]
+    at_0, at_1 = (o.measured.resident if o.measured else None for o in out)
+    assert at_0 is not None and at_1 is not None
+    assert at_0 - at_1 == 4 * 64 * 1024 * 4  # the logits, fp32
