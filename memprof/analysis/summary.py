@@ -11,8 +11,10 @@ import numpy as np
 
 from memprof.analysis.attribution import CATEGORIES, AttributionRow
 from memprof.analysis.garbage import freed_bytes
+from memprof.analysis.held_outputs import held_output_bytes
+from memprof.analysis.labels import Labels
 from memprof.analysis.oom import OomReport, oom_reports
-from memprof.analysis.timeline import unfollowed_count
+from memprof.analysis.timeline import Timeline, unfollowed_count
 from memprof.analysis.zero_grads import zero_grad_bytes
 from memprof.capture import Capture
 from memprof.plans import Plan
@@ -92,6 +94,10 @@ class DeviceSummary:
     scopes: list[ScopeBytes]
     steps: list[StepRow]
     zero_grads_at_peak: int = 0  # zeros autograd made for outputs no loss used (`memprof.analysis.zero_grads`)
+    # outputs of compiled forwards the script held at the peak, unread by any backward, and their FX
+    # nodes (`memprof.analysis.held_outputs`)
+    held_outputs_at_peak: int = 0
+    held_output_nodes: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -209,7 +215,13 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
                  for a, p in zip(live, live_pos.tolist(), strict=True)],
         scopes=_scopes_of(cap, raw["scope"][tl.rows[every]], tl.delta_at(every), top),
         steps=step_rows(cap, dev), zero_grads_at_peak=zero_grad_bytes(labels, tl, every),
+        **_held(labels, tl, every),
     )
+
+
+def _held(labels: Labels, tl: Timeline, every: np.ndarray) -> dict[str, Any]:
+    held, nodes = held_output_bytes(labels, tl, every, int(tl.rows[tl.peak_pos])) if tl.peak_pos >= 0 else (0, [])
+    return {"held_outputs_at_peak": held, "held_output_nodes": nodes[:3]}
 
 
 def step_rows(cap: Capture, dev: str) -> list[StepRow]:

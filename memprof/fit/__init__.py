@@ -17,7 +17,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from memprof.analysis.garbage import garbage_at
+from memprof.analysis.held_outputs import held_output_bytes
 from memprof.analysis.labels import CATEGORIES
 from memprof.analysis.zero_grads import zero_grad_bytes
 from memprof.errors import MemprofError
@@ -131,8 +134,9 @@ def _gap_suggestions(result: FitResult, out: Path, measured: Measured) -> None:
     if tl.has_reserved and len(tl.reserved):
         k = int(tl.reserved.argmax())
         slack = int(tl.reserved[k]) - tl.allocated_before_row(int(tl.reserved_rows[k]) + 1)
-    zeros = zero_grad_bytes(labels, tl, tl.live_positions(tl.peak_pos)) if tl.peak_pos >= 0 else 0
-    result.suggestions = suggestions(over, at_peak, largest, slack, zeros)
+    live = tl.live_positions(tl.peak_pos) if tl.peak_pos >= 0 else np.zeros(0, np.int64)
+    held = held_output_bytes(labels, tl, live, int(tl.rows[tl.peak_pos])) if tl.peak_pos >= 0 else (0, [])
+    result.suggestions = suggestions(over, at_peak, largest, slack, zero_grad_bytes(labels, tl, live), held)
 
 
 def fit(script: str, args: Sequence[str], limit: int, budgets: Sequence[float], modes: Sequence[str], out: Path,

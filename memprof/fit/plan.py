@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from memprof.analysis.held_outputs import ADVICE as HELD
 from memprof.analysis.units import fmt_bytes
 from memprof.analysis.zero_grads import ADVICE
 
@@ -126,14 +127,19 @@ class Suggestion:
 
 
 def suggestions(gap: int, at_peak: Mapping[str, int], largest: Sequence[tuple[str, int]],
-                reserved_slack: int, zero_grads: int = 0) -> list[Suggestion]:
+                reserved_slack: int, zero_grads: int = 0, held: tuple[int, Sequence[str]] = (0, ())
+                ) -> list[Suggestion]:
     """What would close a `gap` of bytes, from the verifying run's capture of the smallest
     configuration: its bytes at the peak by category, its largest live allocations (name, bytes),
-    reserved-but-unallocated bytes at the reserved peak and the zeros autograd made at the peak for
-    compiled outputs no loss used (`memprof.analysis.zero_grads`). Largest saving first."""
+    reserved-but-unallocated bytes at the reserved peak, the zeros autograd made at the peak for
+    compiled outputs no loss used (`memprof.analysis.zero_grads`) and the compiled outputs the script
+    held there (bytes, FX nodes: `memprof.analysis.held_outputs`). Largest saving first."""
     out: list[Suggestion] = []
     if zero_grads:
         out.append(Suggestion(f"{fmt_bytes(zero_grads)} at the peak are {ADVICE}", zero_grads))
+    if held[0]:
+        nodes = ", ".join(held[1])
+        out.append(Suggestion(f"{fmt_bytes(held[0])} at the peak are " + HELD.format(nodes=nodes), held[0]))
     state = at_peak.get("optimizer_state", 0)
     if state:
         out.append(Suggestion(f"the optimizer state is {fmt_bytes(state)} at the peak: an 8-bit optimizer "

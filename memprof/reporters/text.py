@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import IO, Any
 
+from memprof.analysis.held_outputs import ADVICE as HELD
 from memprof.analysis.oom import format_oom
 from memprof.analysis.summary import DeviceSummary, Summary, rng_warnings, step_rows, summarize
 from memprof.analysis.units import count, fmt_bytes, fmt_mb
@@ -96,6 +97,9 @@ def _at_peak(d: DeviceSummary, bound: str) -> list[str]:
         lines.append(f"  {fmt_bytes(d.allocated_before_capture_bytes):>10}  allocated before the capture")
     if d.zero_grads_at_peak:
         lines.append(f"  {fmt_bytes(d.zero_grads_at_peak):>10}  of the peak are {ADVICE}")
+    if d.held_outputs_at_peak:
+        lines.append(f"  {fmt_bytes(d.held_outputs_at_peak):>10}  of the peak are "
+                     + HELD.format(nodes=", ".join(d.held_output_nodes)))
     if d.scopes:
         lines.append("  live bytes at the peak by the scope open when each was allocated (the innermost op or "
                      "kernel; --by kernel names compiled-graph buffers by the kernel that wrote them):")

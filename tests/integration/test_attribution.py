@@ -325,6 +325,47 @@ def test_zeros_for_an_output_no_loss_used_are_named_at_the_peak() -> None:
             assert len(made) == 0 and summary.devices[0].zero_grads_at_peak == 0
 
 
+def test_outputs_the_script_holds_through_the_backward_are_named_at_the_peak() -> None:
+    """`loss, logits = step(ids)` keeps the logits through the backward; at budget 0 no backward saves
+    them, so at the backward's peak they are memory the script holds and nothing reads: counted,
+    with their FX node. Deleted before the backward, they are gone from it (the loss alone is under
+    the share worth a line)."""
+    import torch._functorch.config as functorch_config
+
+    from memprof.analysis.summary import summarize
+
+    class LM(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = torch.nn.Embedding(4096, 64)
+            self.head = torch.nn.Linear(64, 4096, bias=False)
+
+        def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            logits = self.head(torch.tanh(self.emb(ids)))
+            return torch.nn.functional.cross_entropy(logits.view(-1, 4096), ids.view(-1)), logits
+
+    torch.manual_seed(0)
+    model, ids = LM(), torch.randint(0, 4096, (4, 64))
+    torch._dynamo.reset()
+    step = torch.compile(model)
+    held: dict[bool, tuple[int, list[str]]] = {}
+    with functorch_config.patch(activation_memory_budget=0.0):
+        for keep in (True, False):
+            with memprof.capture() as cap:
+                for _ in range(2):
+                    loss, logits = step(ids)
+                    if not keep:
+                        del logits
+                    loss.backward()
+                    model.zero_grad(set_to_none=True)
+                    del loss
+            d = summarize(cap).devices[0]
+            held[keep] = (d.held_outputs_at_peak, d.held_output_nodes)
+    # the logits (fp32) and the loss the backward starts from (4 B: under the share that is named)
+    assert held[True][0] == 4 * 64 * 4096 * 4 + 4 and len(held[True][1]) == 1 and held[True][1][0].startswith("fw0:")
+    assert held[False] == (0, [])
+
+
 def test_dropout_recomputed_below_budget_one_is_flagged(tmp_path: Path) -> None:
     """At budget 0.0 this BERT's backward draws the graph's seeds anew, so every mask differs from
     the forward's (its gradients are 7.8% off budget 1.0's with the same seed; at 0.05 the seeds are

@@ -56,6 +56,8 @@ def test_what_would_close_the_gap_is_computed_from_the_bytes() -> None:
     assert any("fw0:logits" in s.what and s.saves == 1_000 for s in found)
     zeros = suggestions(600, {}, [], reserved_slack=0, zero_grads=900)
     assert [(s.saves, "returns only the loss" in s.what) for s in zeros] == [(900, True)]
+    held = suggestions(600, {}, [], reserved_slack=0, held=(700, ["fw0:mm"]))
+    assert [(s.saves, "fw0:mm" in s.what and "del logits" in s.what) for s in held] == [(700, True)]
 
 
 def test_the_gpus_memory_is_a_child_processs_view(monkeypatch: pytest.MonkeyPatch) -> None:
