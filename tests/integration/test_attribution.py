@@ -284,6 +284,19 @@ def test_eager_capture_attributes_by_scope() -> None:
     assert cap.plans == [] and cap.labels("cpu").calls == []
 
 
+class _LM(torch.nn.Module):
+    """A language model that returns its logits beside its loss (as Hugging Face's and nanoGPT's do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(4096, 64)
+        self.head = torch.nn.Linear(64, 4096, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.head(torch.tanh(self.emb(ids)))
+        return torch.nn.functional.cross_entropy(logits.view(-1, 4096), ids.view(-1)), logits
+
+
 def test_zeros_for_an_output_no_loss_used_are_named_at_the_peak() -> None:
     """A compiled model that returns its logits beside its loss is handed zeros the size of the
     logits as their gradient in every backward (autograd's materialized gradients); a compiled
@@ -292,18 +305,8 @@ def test_zeros_for_an_output_no_loss_used_are_named_at_the_peak() -> None:
     from memprof.analysis.zero_grads import ZERO_GRAD_NODE
     from memprof.reporters.text import format_summary
 
-    class LM(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb = torch.nn.Embedding(4096, 64)
-            self.head = torch.nn.Linear(64, 4096, bias=False)
-
-        def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            logits = self.head(torch.tanh(self.emb(ids)))
-            return torch.nn.functional.cross_entropy(logits.view(-1, 4096), ids.view(-1)), logits
-
     torch.manual_seed(0)
-    model, ids = LM(), torch.randint(0, 4096, (4, 64))
+    model, ids = _LM(), torch.randint(0, 4096, (4, 64))
     logits_bytes = 4 * 64 * 4096 * 4
     for returns_logits in (True, False):
         torch._dynamo.reset()
@@ -334,18 +337,8 @@ def test_outputs_the_script_holds_through_the_backward_are_named_at_the_peak() -
 
     from memprof.analysis.summary import summarize
 
-    class LM(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.emb = torch.nn.Embedding(4096, 64)
-            self.head = torch.nn.Linear(64, 4096, bias=False)
-
-        def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            logits = self.head(torch.tanh(self.emb(ids)))
-            return torch.nn.functional.cross_entropy(logits.view(-1, 4096), ids.view(-1)), logits
-
     torch.manual_seed(0)
-    model, ids = LM(), torch.randint(0, 4096, (4, 64))
+    model, ids = _LM(), torch.randint(0, 4096, (4, 64))
     torch._dynamo.reset()
     step = torch.compile(model)
     held: dict[bool, tuple[int, list[str]]] = {}
