@@ -55,6 +55,9 @@ class CallJoin:
     allocations: int
     level: str  # "buffer" (joined and verified) or "kernel"
     reason: str = ""  # why the call fell back to kernel level
+    # allocations made directly in the call beyond those its wrapper code makes (a kernel's or a
+    # library's own buffers: what an estimate that walks the wrapper code cannot count)
+    unseen: int = 0
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ class GraphCalls:
     total: int
     buffer_level: int  # joined to buffers and FX nodes
     kernel_level: dict[str, int]  # why the others fell back to kernel level -> how many
+    # calls that made allocations their wrapper code does not show (`CallJoin.unseen`)
+    unseen: int = 0
 
 
 @dataclass(frozen=True)
@@ -205,7 +207,8 @@ def _device_summary(cap: Capture, dev: str, top: int, t0: int) -> DeviceSummary:
         device=dev,
         gc_freed=GcFreed(len(gc_pos), freed_bytes(tl, gc_pos), _top_scopes(gc_made, top)),
         categories_at_peak=[r for r in cap.attribution("peak", "category", dev, lower_bound=True) if r.bytes],
-        graph_calls=GraphCalls(len(labels.calls), sum(c.level == "buffer" for c in labels.calls), dict(reasons)),
+        graph_calls=GraphCalls(len(labels.calls), sum(c.level == "buffer" for c in labels.calls), dict(reasons),
+                               sum(c.unseen > 0 for c in labels.calls)),
         peak_bytes=tl.peak, peak_t_s=(peak_t - t0) / 1e9, baseline_bytes=tl.baseline, final_bytes=tl.final,
         reserved_peak_bytes=tl.reserved_peak if tl.has_reserved else None, live_at_peak=len(every),
         allocated_before_capture_bytes=tl.peak - int(tl.delta_at(every).sum()), inferred_sizes=tl.inferred,

@@ -359,6 +359,31 @@ def test_outputs_the_script_holds_through_the_backward_are_named_at_the_peak() -
     assert held[False] == (0, [])
 
 
+def test_an_estimate_that_cannot_count_a_librarys_own_buffers_says_so() -> None:
+    """On the CPU a bf16 matrix multiply under autocast allocates a buffer of its own inside the
+    compiled graph's call, beside its output: more allocations than the wrapper code shows, which
+    the walk of that code cannot count. The summary's estimate line says so where it is off."""
+    from memprof.analysis.summary import summarize
+    from memprof.reporters.text import format_summary
+
+    torch.manual_seed(0)
+    model, ids = _LM(), torch.randint(0, 4096, (4, 64))
+    torch._dynamo.reset()
+    # (the cross entropy on fp32 logits, as transformers computes it)
+    step = torch.compile(lambda i: torch.nn.functional.cross_entropy(model(i)[1].view(-1, 4096).float(), i.view(-1)))
+    with memprof.capture() as cap:
+        for _ in range(3):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = step(ids)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            memprof.step()
+    unseen = [c.unseen for c in cap.labels("cpu").calls]
+    assert unseen[:2] == [0, 0] and all(u > 0 for u in unseen[2:]), unseen  # (the first calls open op scopes)
+    line = next(ln for ln in format_summary(summarize(cap)).splitlines() if ln.startswith("step peak above"))
+    assert "4 compiled-graph calls made allocations the wrapper code does not show" in line, line
+
+
 def test_dropout_recomputed_below_budget_one_is_flagged(tmp_path: Path) -> None:
     """At budget 0.0 this BERT's backward draws the graph's seeds anew, so every mask differs from
     the forward's (its gradients are 7.8% off budget 1.0's with the same seed; at 0.05 the seeds are
