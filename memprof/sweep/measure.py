@@ -164,6 +164,9 @@ class Measured:
     # sees them (0 on the CPU, whose blocks are the requests)
     block_slack: int = 0
     at_peak_source: str = "capture"  # what at_peak and peak_phase describe: "capture" or "estimate"
+    # compiled-graph calls that made allocations their wrapper code does not show (`CallJoin.unseen`):
+    # what memprof's estimate cannot count
+    unseen_calls: int = 0
     # predicted: compile seconds this budget alone would take, its own partition and compile, and
     # the part its process shared with the other budgets (script, Dynamo, joint graph)
     compile_s: float | None = None
@@ -316,6 +319,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=found, notes=notes,
+        unseen_calls=sum(c.unseen > 0 for c in cap.labels(device).calls) if cap.plans else 0,
         gc_freed=gc_freed, block_slack=slack, **estimate_fields(walk),
         resident=resident,
         step_ms_p10=float(np.percentile(tm, 10)) if tm else None,

@@ -64,6 +64,11 @@ def render_table(sweep: Sweep) -> str:
             freed = r.measured.gc_freed if r is not None and r.measured is not None else 0
             if freed:
                 notes.append(f"{tag}Python's cyclic GC freed {fmt_mb(freed)} MB in a step")
+            est = run_estimate(r, "memprof") if r is not None and r.measured is not None else None
+            if r is not None and r.measured and r.measured.unseen_calls and est and r.step_peak and \
+                    abs(est - r.step_peak) > r.step_peak / 200:  # (the summary's words, shorter)
+                notes.append(f"{tag}est: {r.measured.unseen_calls} graph calls allocated what their wrapper code "
+                             "does not show")
             if r is not None and not r.ok and r.error:
                 notes.append(f"{tag}{r.error[:80]}")
         row.append("; ".join(notes))

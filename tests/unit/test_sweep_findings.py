@@ -77,3 +77,20 @@ def test_the_allocators_unsplit_blocks_are_named_and_taken_out_of_the_error() ->
     blocks.runs[0].measured.block_slack, blocks.runs[0].measured.estimate_blocks = 48_234_496, True
     text = render_findings(blocks)
     assert "median error 0.0%" in text and "memprof's estimate counts them, replaying the step's requests" in text
+
+
+def test_the_table_says_where_the_estimate_cannot_count_what_graph_calls_allocated() -> None:
+    """A run whose compiled-graph calls allocated what their wrapper code does not show (the CPU's
+    bf16 matrix multiplies): where the estimate is off by more than 0.5%, its row says why; where it
+    is right (fallback kernels whose scratch the probes count), nothing."""
+    import dataclasses
+
+    from memprof.sweep.table import render_table
+
+    s = _sweep({0.0: 6_900_000, 1.0: 6_900_000}, memprof={0.0: 3_200_000.0, 1.0: 6_900_000.0})
+    for r in s.runs:
+        assert r.measured is not None
+        r.measured = dataclasses.replace(r.measured, unseen_calls=6)
+    rows = {line.split("|")[1].strip(): line for line in render_table(s).splitlines()[2:]}
+    assert "est: 6 graph calls allocated what their wrapper code does not show" in rows["0"]
+    assert "wrapper code" not in rows["1"]
