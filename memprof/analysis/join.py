@@ -258,9 +258,10 @@ def join_call(ctx: LabelContext, thread: int, begin: int, end: int, key: str, al
     reason = verify(ctx, graph, n, alloc_pos, interrupted)
     if reason:
         label_kernel_level(ctx, n, alloc_pos, role, tag, freed_in_bw)
-        readable = graph is not None and not graph.notes and not graph.wrapper.unsupported
-        unseen = int(n.is_direct.sum()) - len(graph.wrapper.expected_allocs) if readable and graph else 0
-        return CallJoin(key, role, thread, begin, end, len(alloc_pos), "kernel", reason, max(unseen, 0))
+        unseen = 0
+        if graph is not None and not graph.notes and not graph.wrapper.unsupported:
+            unseen = max(int(n.is_direct.sum()) - len(graph.wrapper.expected_allocs), 0)
+        return CallJoin(key, role, thread, begin, end, len(alloc_pos), "kernel", reason, unseen)
     assert graph is not None
     # a training loop calls each graph the same way every step: a call whose allocations nest, live
     # and die as an earlier call's did gets that call's labels (a dict lookup, not a pass in Python)
