@@ -38,3 +38,20 @@ def held_output_bytes(labels: Labels, tl: Timeline, live: np.ndarray, peak_row: 
     nodes = dict.fromkeys(labels.names[int(labels.node[p])] for p, b in zip(mine[order], sizes[order], strict=True)
                           if b >= floor)
     return total, list(nodes)
+
+
+def carried_saved_bytes(labels: Labels, tl: Timeline, pos: int, start_row: int) -> int:
+    """Bytes live at timeline position `pos` (where a measured step's rise starts) that a compiled
+    forward of an earlier step made and its plan saved (allocated before row `start_row`, the step's
+    start): kept past that step's backward, an output the script still holds (`loss, logits =
+    step(x)` where the plan saves the logits). A step's measured peak counts them in what it rises
+    from; memprof's estimate of the step counts the step's own copy in the step, as the saved value
+    it is, and the step frees the earlier one when its forward returns."""
+    if pos < 0:
+        return 0
+    live = tl.live_positions(pos)
+    live = live[tl.rows[live] < start_row]
+    forward = np.asarray([name.startswith("fw") for name in labels.names], dtype=bool)
+    cats = labels.category[live]
+    saved = (cats == Category.SAVED_ACTIVATION) | (cats == Category.RNG_MASK)
+    return int(tl.delta_at(live[forward[labels.node[live]] & saved]).sum())

@@ -23,6 +23,7 @@ import numpy as np
 from memprof._events import Kind
 from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, model_at
 from memprof.analysis.garbage import freed_bytes
+from memprof.analysis.held_outputs import carried_saved_bytes
 from memprof.analysis.timeline import Timeline, rise_start, window_rise
 from memprof.analysis.units import round_up_array
 from memprof.capture import Capture
@@ -293,15 +294,17 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     phase = ""
     slack = 0
     allocator = None
-    resident = None
+    resident, carried = None, 0
     if pp and len(tl.rows):
         # the measured step whose excess is the median: what is live at its peak, and where
         k = ex.index(step_peak) if step_peak in ex else 0
         pos = pp[k]
         resident = int(tl.allocated_at_pos(pos)) - step_peak if step_peak in ex else None
         slack = block_slack(cap, tl, windows[measured][k][0], pos)
+        base = rise_start(tl, windows[measured][k][0], pos)
         if cap.plans:  # (only memprof's estimate of the compiled pairs replays through it)
-            allocator = model_at(cap.raw, tl, rise_start(tl, windows[measured][k][0], pos), cap.info.alloc_conf or "")
+            allocator = model_at(cap.raw, tl, base, cap.info.alloc_conf or "")
+            carried = carried_saved_bytes(cap.labels(device), tl, base, windows[measured][k][0])
         if attribution:
             try:
                 from memprof.analysis.attribution import rows_at
@@ -314,6 +317,8 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     version = cap.meta.get("torch_version")
     found, walk = estimates(cap.plans, cap.graphs, device, version if isinstance(version, str) else None,
                             cap.info.scratch_probes, allocator, tangents=cap.info.tangents_kept)
+    if carried and walk is not None and walk.phase == "backward" and found["memprof"] is not None:
+        found["memprof"] -= carried  # (the step rises from them: `carried_saved_bytes`)
     return Measured(
         device=device, peak=int(tl.peak), step_peak=step_peak, step_peaks=ex,
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,

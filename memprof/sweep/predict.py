@@ -264,10 +264,9 @@ def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:
     """What a step after the first starts from: the caching allocator's model of it where the
     estimate replayed one (the optimizer's state in the blocks it got, some larger than their
     requests), else what was allocated before the first compiled graph ran plus the state's
-    requests; and the cuBLAS workspaces, and the outputs the script holds that no backward saves."""
+    requests; and the cuBLAS workspaces, and the outputs the script holds beside its loss."""
     if book.resident is None:
         return None
-    # (held outputs a backward saves are in the step's estimate; without one, all of them count here)
     held = walk.held_outputs if walk is not None else sum(b for _k, b in book.held)
     if walk is not None and walk.steady_start is not None:  # (the workspaces in the model's blocks, or beside)
         return walk.steady_start + (0 if walk.workspaces_in_blocks else book.workspaces) + held
@@ -282,7 +281,8 @@ def _reserved(book: _Book, walk: CaptureEstimate | None) -> int | None:
     them may fit in its segments' free space)."""
     if walk is None or walk.steady_reserved is None:
         return None
-    return walk.steady_reserved + (0 if walk.workspaces_in_blocks else book.workspaces) + walk.held_outputs
+    held = walk.held_outputs - walk.held_saved
+    return walk.steady_reserved + (0 if walk.workspaces_in_blocks else book.workspaces) + held
 
 
 def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], remat: str | None, result: Any,
@@ -303,6 +303,9 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
     first_calls = _first_calls(graphs, book, notes) if allocator is not None and between is not None else None
     found, walk = (estimates(plans, graphs, device, allocator=allocator, between=between, first_calls=first_calls,
                              held=book.held) if error is None else ({}, None))
+    est = found.get("memprof")
+    if walk is not None and walk.held_saved and walk.phase == "backward" and est is not None:
+        found["memprof"] = est - walk.held_saved  # (in the bytes the step starts from: `held_unsaved`)
     explained = estimate_fields(walk)
     ok = result.status in ("stopped", "completed", "exit") and result.exit_code == 0
     if error is not None:

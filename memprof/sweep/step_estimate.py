@@ -71,9 +71,10 @@ class CaptureEstimate:
     # and the bytes the model has reserved when that step ends (its segments, never returned)
     steady_reserved: int | None = None
     workspaces_in_blocks: bool = False  # the first step made cuBLAS's workspaces in the model (`FirstCalls`)
-    # a prediction's: bytes of the outputs the script holds beside its loss that no backward saves
-    # (`held_outputs`): every step after the first starts with them
+    # a prediction's: bytes of the outputs the script holds beside its loss (`held_unsaved`): every
+    # step after the first starts with them; and of those a backward saves, which `peak` counts
     held_outputs: int = 0
+    held_saved: int = 0
 
 
 def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], device: str,
@@ -114,7 +115,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     held_after: list[int] = []
     pairs: list[tuple[Plan, StepEstimate]] = []
     links: list[dict[str, int]] = []
-    unsaved, todo = 0, list(held)
+    held_total, held_saved, todo = 0, 0, list(held)
     for i, plan in enumerate(plans):
         fw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "forward"]
         bw = [g for g in graphs if getattr(g, "plan", None) == i and getattr(g, "role", "") == "backward"]
@@ -130,7 +131,8 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         pairs.append((plan, est))
         links.append({n: j for n, (_b, j) in linked.items()})
         held_after.append(before + est.saved)
-        unsaved += held_unsaved(plan, est, todo, block)
+        total, saved = held_unsaved(plan, est, todo, block)
+        held_total, held_saved = held_total + total, held_saved + saved
         for key in user_outputs(plan):
             earlier.setdefault(key, i)
         if best is None or before + est.peak > best.peak:
@@ -147,30 +149,32 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         opt = optimizer_peak(between)
         if opt > best.peak:  # its optimizer step holds more than its forward or backward
             best = CaptureEstimate(opt, "optimizer step", {"gradient": between.grads, "temporary": opt - between.grads})
-    best = dataclasses.replace(best, unprobed=tuple(missed), requested_peak=best.peak, held_outputs=unsaved)
+    best = dataclasses.replace(best, unprobed=tuple(missed), requested_peak=best.peak, held_outputs=held_total,
+                               held_saved=held_saved)
     if allocator is not None:
         best = _in_blocks(best, pairs, links, block, allocator, between, first_calls)
     return best
 
 
-def held_unsaved(plan: Plan, est: StepEstimate, held: list[tuple[int, int]], block: int) -> int:
+def held_unsaved(plan: Plan, est: StepEstimate, held: list[tuple[int, int]], block: int) -> tuple[int, int]:
     """Bytes of the held outputs (`held`: output index, bytes; those matched here are taken off it)
-    that are this pair's forward outputs (the index, and the size of its storage) and that its
-    backward does not save. A saved one is in the step's estimate already; one that is not is freed
-    there when the forward returns, where the script keeps it (in a variable, until the next step's
-    forward returns the new one): a step after the first starts with it."""
+    that are this pair's forward outputs (the index, and the size of its storage), and of those its
+    backward saves. The script keeps them (in a variable, until the next step's forward returns new
+    ones): a step after the first starts with them, as a measured step rises from them. The walk
+    frees one that is not saved when the forward returns, and holds a saved one into the backward."""
     fw = est.fw
     if fw is None:
-        return 0
+        return 0, 0
     kept = {s for s in fw.outputs[plan.num_fwd_outputs:] if s is not None}
-    out = 0
+    total = saved = 0
     for item in list(held):
         k, nbytes = item
         sid = fw.outputs[k] if k < min(plan.num_fwd_outputs, len(fw.outputs)) else None
         if sid is not None and fw.sizes.get(sid) == round_up(nbytes, block):
             held.remove(item)
-            out += 0 if sid in kept else fw.sizes[sid]
-    return out
+            total += fw.sizes[sid]
+            saved += fw.sizes[sid] if sid in kept else 0
+    return total, saved
 
 
 def running_torch_version() -> str:

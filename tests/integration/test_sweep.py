@@ -668,7 +668,7 @@ model = LM()
 ids = torch.randint(0, 1024, (4, 64))
 step = torch.compile(model)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
-for _ in range(2):
+for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 2):
     if sys.argv[1] == "hold":
         loss, logits = step(ids)  # the logits stay live until the next step's forward returns
     else:
@@ -680,12 +680,15 @@ for _ in range(2):
 
 
 def test_a_prediction_counts_the_outputs_a_script_holds_beside_its_loss(tmp_path: Path) -> None:
-    """`logits, loss = model(x, y)` keeps the logits through the backward and into the next step: a
-    prediction (stopped at the first backward) counts them in the bytes a step starts from where no
-    backward saves them (budget 0 recomputes them), and not again where one does (budget 1 saves
-    them for the loss's backward: in the step's estimate already). The two budgets share one
-    process, so everything else a step starts from is the same."""
+    """`loss, logits = step(ids)` keeps the logits through the backward and into the next step, so a
+    measured step rises from them. A prediction (stopped at the first backward) counts them in the
+    bytes a step starts from, whether the plan saves them (budget 1: Inductor saves the logits'
+    storage for the loss's backward) or not (budget 0 recomputes them), and its step is then the
+    measured step to the byte; so is the estimate from a capture of each budget's run."""
+    import runpy
+
     import torch
+    import torch._functorch.config as functorch_config
 
     from memprof.sweep.predict import predict
 
@@ -694,6 +697,17 @@ def test_a_prediction_counts_the_outputs_a_script_holds_beside_its_loss(tmp_path
     torch._dynamo.reset()
     out = predict(str(script), ["hold"], [0.0, 1.0], None)
     assert [o.status for o in out] == ["completed", "completed"], [o.error for o in out]
-    at_0, at_1 = (o.measured.resident if o.measured else None for o in out)
-    assert at_0 is not None and at_1 is not None
-    assert at_0 - at_1 == 4 * 64 * 1024 * 4  # the logits, fp32
+    resident = [o.measured.resident if o.measured else None for o in out]
+    assert resident[0] is not None and resident[0] == resident[1]  # the logits in both
+    saved = sys.argv[:]
+    for o in out:
+        torch._dynamo.reset()
+        sys.argv = [str(script), "hold", "4"]
+        try:
+            with functorch_config.patch(activation_memory_budget=o.budget), memprof.capture() as cap:
+                runpy.run_path(str(script), run_name="__main__")
+        finally:
+            sys.argv = saved
+        m = measure(cap)
+        assert o.measured is not None and m.step_peak is not None
+        assert o.measured.estimates["memprof"] == m.estimates["memprof"] == m.step_peak, (o.budget, m.step_peak)
