@@ -28,8 +28,7 @@ def held_output_bytes(labels: Labels, tl: Timeline, live: np.ndarray, peak_row: 
     `SHARE` of what is live."""
     if any(c.role == "forward" and c.begin_row <= peak_row <= c.end_row for c in labels.calls):
         return 0, []
-    forward = np.asarray([name.startswith("fw") for name in labels.names], dtype=bool)
-    mine = live[forward[labels.node[live]] & (labels.category[live] == Category.TEMPORARY)]
+    mine = live[_made_by_forwards(labels, live) & (labels.category[live] == Category.TEMPORARY)]
     sizes = tl.delta_at(mine)
     total, floor = int(sizes.sum()), SHARE * int(tl.delta_at(live).sum())
     if not len(mine) or total < floor:
@@ -51,7 +50,12 @@ def carried_saved_bytes(labels: Labels, tl: Timeline, pos: int, start_row: int) 
         return 0
     live = tl.live_positions(pos)
     live = live[tl.rows[live] < start_row]
-    forward = np.asarray([name.startswith("fw") for name in labels.names], dtype=bool)
     cats = labels.category[live]
     saved = (cats == Category.SAVED_ACTIVATION) | (cats == Category.RNG_MASK)
-    return int(tl.delta_at(live[forward[labels.node[live]] & saved]).sum())
+    return int(tl.delta_at(live[_made_by_forwards(labels, live) & saved]).sum())
+
+
+def _made_by_forwards(labels: Labels, positions: np.ndarray) -> np.ndarray:
+    """Per position: its FX node is a compiled forward's (`fw<plan>:<node>`, `join.call_tag`)."""
+    forward = np.asarray([name.startswith("fw") for name in labels.names], dtype=bool)
+    return np.asarray(forward[labels.node[positions]])

@@ -294,7 +294,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
     phase = ""
     slack = 0
     allocator = None
-    resident, carried = None, 0
+    labels, resident, carried = None, None, 0
     if pp and len(tl.rows):
         # the measured step whose excess is the median: what is live at its peak, and where
         k = ex.index(step_peak) if step_peak in ex else 0
@@ -302,16 +302,16 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         resident = int(tl.allocated_at_pos(pos)) - step_peak if step_peak in ex else None
         slack = block_slack(cap, tl, windows[measured][k][0], pos)
         base = rise_start(tl, windows[measured][k][0], pos)
+        try:  # (attribution is a diagnosis aid; the peaks stand without it)
+            labels = cap.labels(device)
+            if attribution:
+                from memprof.analysis.attribution import rows_at
+                at_peak = {r.key: int(r.bytes) for r in rows_at(tl, labels, pos, "category") if r.bytes}
+        except Exception as exc:
+            notes.append(f"attribution unavailable ({one_line(exc)})")
         if cap.plans:  # (only memprof's estimate of the compiled pairs replays through it)
             allocator = model_at(cap.raw, tl, base, cap.info.alloc_conf or "")
-            carried = carried_saved_bytes(cap.labels(device), tl, base, windows[measured][k][0])
-        if attribution:
-            try:
-                from memprof.analysis.attribution import rows_at
-
-                at_peak = {r.key: int(r.bytes) for r in rows_at(tl, cap.labels(device), pos, "category") if r.bytes}
-            except Exception as exc:  # attribution is a diagnosis aid; the peaks stand without it
-                notes.append(f"attribution unavailable ({one_line(exc)})")
+            carried = carried_saved_bytes(labels, tl, base, windows[measured][k][0]) if labels is not None else 0
         stack = cap.scopes.stack_at(int(tl.rows[pos]), cap.info.main_thread)
         phase = _phase(cap, [cap.scope_name(s) for s in stack])
     version = cap.meta.get("torch_version")
@@ -324,7 +324,7 @@ def measure(cap: Capture, device: str | None = None, attribution: bool = True) -
         step_ms=float(statistics.median(tm)) if tm else None, steps=len(windows), step_source=source,
         compiled=bool(cap.plans), plans=len(cap.plans), facts=facts, at_peak=at_peak, peak_phase=phase,
         buffer_level=bool(cap.graphs), estimates=found, notes=notes,
-        unseen_calls=sum(c.unseen > 0 for c in cap.labels(device).calls) if cap.plans else 0,
+        unseen_calls=sum(c.unseen > 0 for c in labels.calls) if labels is not None else 0,
         gc_freed=gc_freed, block_slack=slack, **estimate_fields(walk),
         resident=resident,
         step_ms_p10=float(np.percentile(tm, 10)) if tm else None,

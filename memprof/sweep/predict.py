@@ -305,7 +305,7 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
                              held=book.held) if error is None else ({}, None))
     est = found.get("memprof")
     if walk is not None and walk.held_saved and walk.phase == "backward" and est is not None:
-        found["memprof"] = est - walk.held_saved  # (in the bytes the step starts from: `held_unsaved`)
+        found["memprof"] = est - walk.held_saved  # (in the bytes the step starts from: `held_of_pair`)
     explained = estimate_fields(walk)
     ok = result.status in ("stopped", "completed", "exit") and result.exit_code == 0
     if error is not None:

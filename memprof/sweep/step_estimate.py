@@ -71,7 +71,7 @@ class CaptureEstimate:
     # and the bytes the model has reserved when that step ends (its segments, never returned)
     steady_reserved: int | None = None
     workspaces_in_blocks: bool = False  # the first step made cuBLAS's workspaces in the model (`FirstCalls`)
-    # a prediction's: bytes of the outputs the script holds beside its loss (`held_unsaved`): every
+    # a prediction's: bytes of the outputs the script holds beside its loss (`held_of_pair`): every
     # step after the first starts with them; and of those a backward saves, which `peak` counts
     held_outputs: int = 0
     held_saved: int = 0
@@ -131,7 +131,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
         pairs.append((plan, est))
         links.append({n: j for n, (_b, j) in linked.items()})
         held_after.append(before + est.saved)
-        total, saved = held_unsaved(plan, est, todo, block)
+        total, saved = held_of_pair(plan, est, todo, block)
         held_total, held_saved = held_total + total, held_saved + saved
         for key in user_outputs(plan):
             earlier.setdefault(key, i)
@@ -156,7 +156,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
     return best
 
 
-def held_unsaved(plan: Plan, est: StepEstimate, held: list[tuple[int, int]], block: int) -> tuple[int, int]:
+def held_of_pair(plan: Plan, est: StepEstimate, held: list[tuple[int, int]], block: int) -> tuple[int, int]:
     """Bytes of the held outputs (`held`: output index, bytes; those matched here are taken off it)
     that are this pair's forward outputs (the index, and the size of its storage), and of those its
     backward saves. The script keeps them (in a variable, until the next step's forward returns new
