@@ -56,7 +56,8 @@ class CallJoin:
     level: str  # "buffer" (joined and verified) or "kernel"
     reason: str = ""  # why the call fell back to kernel level
     # allocations made directly in the call beyond those its wrapper code makes (a kernel's or a
-    # library's own buffers: what an estimate that walks the wrapper code cannot count)
+    # library's own buffers: an estimate that walks the wrapper code counts them only where memprof
+    # measured the kernel, `memprof.sweep.probe`)
     unseen: int = 0
 
 

@@ -338,9 +338,11 @@ def check_symbolic_sizes(sites: Sequence[tuple[AllocSite, int]], cpu: bool) -> s
     return solve_symbolic_sizes([(a.buf, a.size_of, block) for a, block in sites], cpu)
 
 
-# `out=` calls that allocate nothing of their own once the graph has run (cuBLAS takes its workspace at
-# the first matmul on a stream)
-_QUIET_OUT = frozenset({"mm", "addmm", "bmm", "baddbmm"})
+# the matrix multiplies Inductor calls as extern kernels writing `out=` a buffer it made: once the
+# graph has run they allocate nothing a scope must name (cuBLAS takes its workspace at the first on a
+# stream; the CPU's half-precision ones allocate a float accumulator, which memprof measures once per
+# call signature: `memprof.sweep.probe`)
+EXTERN_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})
 _ASSIGNS = re.compile(rf"^{_NAME} = ")
 
 
@@ -368,7 +370,7 @@ def _may_allocate_unseen(ln: Line, stmt: str) -> bool:
     if ln.kind == "other":
         return bool(_ASSIGNS.match(stmt)) and "= get_raw_stream(" not in stmt
     return (ln.kind == "alloc" and ln.bare) or ln.kind == "extern" or (ln.kind == "extern_out" and
-                                                                      ln.op not in _QUIET_OUT)
+                                                                      ln.op not in EXTERN_MATMULS)
 
 
 def parse_wrapper(source: str) -> WrapperCode:

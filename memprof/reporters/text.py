@@ -170,8 +170,8 @@ def _tail(s: Summary) -> list[str]:
             unseen = sum(d.graph_calls.unseen for d in s.devices if d.device == st.device)
             if unseen and abs(diff) > measured // 200:
                 line += (f"; {count(unseen, 'compiled-graph call')} made allocations the wrapper code does not "
-                         "show (a kernel's or library's own buffers, as the CPU's bf16 matrix multiplies make), "
-                         "which the estimate cannot count")
+                         "show (a kernel's or library's own buffers that memprof did not measure), which the "
+                         "estimate cannot count")
         lines.append(line + " (memprof sweep's 'peak' and 'est')")
     lines.extend(f"WARNING: {w}" for w in s.warnings)
     for o in s.ooms:

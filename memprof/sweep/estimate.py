@@ -15,8 +15,9 @@ step, with nothing from a training step measured:
   tuple's bytes summed); on CUDA each storage is rounded up to the caching allocator's 512-byte
   blocks;
 - a fallback kernel's scratch (what it allocates above its outputs while it runs, e.g. the
-  attention backward's workspace) is measured by running the kernel once on placeholder inputs
-  (`memprof.sweep.probe`); its call peaks that much above the live bytes.
+  attention backward's workspace; the CPU's half-precision matmuls' float accumulators) is measured
+  by running the kernel on placeholder inputs (`memprof.sweep.probe`); its call peaks that much
+  above the live bytes.
 The estimate is the pair's peak above the memory allocated when the step began (the sweep's
 `step_peak`; `memprof.sweep.step_estimate` chains the pairs of a step). torch 2.11's own
 `estimate_peak_memory` cancels graph outputs, i.e. every saved activation of a forward
@@ -25,16 +26,13 @@ The estimate is the pair's peak above the memory allocated when the step began (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from memprof.analysis.sizes import static_bytes
-from memprof.analysis.units import CUDA_BLOCK, round_up
-from memprof.analysis.wrapper_code import Line, lex
+from memprof.analysis.units import round_up
+from memprof.analysis.wrapper_code import EXTERN_MATMULS, Line, lex
 from memprof.plans import FxGraph, FxNode, Plan
-
-_BLOCK = CUDA_BLOCK
-_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm"})  # cuBLAS: a thread's first makes its workspace
 
 
 @dataclass(frozen=True)
@@ -151,25 +149,30 @@ class _Walk:
 
     def fresh(self, ln: Line) -> None:
         """An extern op's fresh output: sized from the FX node the source comment names."""
-        size: int | None = None
-        fx: FxNode | None = None
-        for src in reversed(self.pending):
-            candidates = [self.by_name[src]] if src in self.by_name else []
-            candidates += self.by_source.get(src, [])
-            match = [n for n in candidates if ln.op in n.target and n.bytes is not None]
-            if match:
-                fx = match[-1]
-                size = int(fx.bytes or 0)
-                break
-        if size is None:
-            size = 0
+        fx = self._node_of(ln)
+        size = int(fx.bytes or 0) if fx is not None else 0
+        if fx is None:
             self.unknown.append(f"{ln.name} = {ln.op}")
         items = [round_up(b, self.block) for b in fx.items] if fx is not None and len(fx.items) > 1 else []
         self.new(ln.name, sum(items) if items else size, ln.op, items)
         if items:
             self.items[self.names[ln.name]] = items
+        self._scratch(ln, fx)
+
+    def _node_of(self, ln: Line) -> FxNode | None:
+        """The FX node an extern call runs: the last of the source comment's names whose target is the op."""
+        for src in reversed(self.pending):
+            candidates = [self.by_name[src]] if src in self.by_name else []
+            candidates += self.by_source.get(src, [])
+            match = [n for n in candidates if ln.op in n.target and n.bytes is not None]
+            if match:
+                return match[-1]
+        return None
+
+    def _scratch(self, ln: Line, fx: FxNode | None) -> None:
+        """What the call allocates and frees while it runs (`scratch`), its outputs live."""
         extra = round_up(self.scratch.get(fx.name, 0), self.block) if self.scratch and fx is not None else 0
-        if extra:  # allocated and freed inside the call, with its outputs live
+        if extra:
             key = self._key()
             self.log += [(key, extra), (key, 0)]
         if self.live + extra > self.peak:
@@ -231,10 +234,12 @@ class _Walk:
                 self.bind(ln.name, self.names[ln.target])
         elif k == "extern":
             self.fresh(ln)
-            if ln.op in _MATMULS:
+            if ln.op in EXTERN_MATMULS:
                 self.launches.append((len(self.log), f"extern_kernels.{ln.op}"))
-        elif k == "triton" or (k == "extern_out" and ln.op in _MATMULS):
+        elif k == "triton" or (k == "extern_out" and ln.op in EXTERN_MATMULS):
             self.launches.append((len(self.log), ln.op if k == "triton" else f"extern_kernels.{ln.op}"))
+            if k == "extern_out" and self.scratch:  # (the CPU's half-precision ones: `torch_hooks.fx.probed`)
+                self._scratch(ln, self._node_of(ln))
         elif k == "return":
             self.outputs = tuple(self.names.get(r) if r is not None else None for r in ln.returns)
         for name in ln.dels:
@@ -373,28 +378,3 @@ def estimate_step(plan: Plan, fw_source: str, bw_source: str | None, block: int 
     peak, phase = (bw.peak, "backward") if bw.peak >= fw_peak else (fw_peak, "forward")
     return StepEstimate(peak, fw_peak, bw.peak, held, fw.unknown + bw.unknown, phase, bw if phase == "backward" else fw,
                         fw, bw, inputs, keys, held_tangents)
-
-
-def kept_tangents(plan: Plan, torch_version: str, observed: Sequence[str] | None = None) -> frozenset[str]:
-    """The backward's tangents that stay live until it returns: those a capture saw outlive the
-    compiled call (`observed`, `memprof.torch_hooks.runtime.TangentWatch`), else what the torch
-    version does with the engine's gradients (2.11 holds them; 2.13 frees each at the `del`), which
-    cannot see the loss: `.sum()`'s expanded ones, copied contiguous by AOTAutograd, are freed at the
-    `del` on 2.11 too, and a gradient the script keeps (`out.backward(grad)`) is held on 2.13 too."""
-    if observed is not None:
-        return frozenset(observed) & _tangents(plan)
-    return _tangents(plan) if tangents_held(torch_version) else frozenset()
-
-
-def tangents_held(torch_version: str) -> bool:
-    """Whether a torch version holds every tangent to the backward's end (`kept_tangents`)."""
-    parts = torch_version.split("+")[0].split(".")
-    try:
-        major, minor = int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
-        return False
-    return (major, minor) < (2, 12)
-
-
-def _tangents(plan: Plan) -> frozenset[str]:
-    return frozenset(n.name for n in plan.backward.nodes if n.op == "placeholder" and n.name.startswith("tangents"))

@@ -15,10 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from memprof.analysis.caching_allocator import CachingAllocatorModel, OptimizerStep, optimizer_peak, steady_peak
-from memprof.analysis.units import round_up
+from memprof.analysis.units import CUDA_BLOCK, round_up
 from memprof.plans import FxNode, Plan
 from memprof.sweep.block_peak import WORKSPACE_KEYS, FirstCalls, block_peak, chain_requests
-from memprof.sweep.estimate import _BLOCK, GraphWalk, StepEstimate, estimate_step, kept_tangents
+from memprof.sweep.estimate import GraphWalk, StepEstimate, estimate_step
 
 _FLOATS = ("float32", "bfloat16", "float16", "float64")  # as FxNode.dtype records them (`value_info`)
 
@@ -102,7 +102,7 @@ def estimate_capture_plans(plans: Sequence[Plan], graphs: Sequence[object], devi
 
     from memprof.sweep.probe import probe_graph_calls, unprobed
 
-    block = _BLOCK if device.startswith("cuda") else 1
+    block = CUDA_BLOCK if device.startswith("cuda") else 1
     version, seen = torch_version or running_torch_version(), tangents or {}
     best: CaptureEstimate | None = None
     missed: dict[tuple[str, str], None] = {}  # (an ordered set)
@@ -265,3 +265,27 @@ def peak_breakdown(plan: Plan, walk: GraphWalk, role: str, origins: Mapping[str,
         out[cat] = out.get(cat, 0) + nbytes
     return out
 
+
+def kept_tangents(plan: Plan, torch_version: str, observed: Sequence[str] | None = None) -> frozenset[str]:
+    """The backward's tangents that stay live until it returns: those a capture saw outlive the
+    compiled call (`observed`, `memprof.torch_hooks.runtime.TangentWatch`), else what the torch
+    version does with the engine's gradients (2.11 holds them; 2.13 frees each at the `del`), which
+    cannot see the loss: `.sum()`'s expanded ones, copied contiguous by AOTAutograd, are freed at the
+    `del` on 2.11 too, and a gradient the script keeps (`out.backward(grad)`) is held on 2.13 too."""
+    if observed is not None:
+        return frozenset(observed) & _tangents(plan)
+    return _tangents(plan) if tangents_held(torch_version) else frozenset()
+
+
+def tangents_held(torch_version: str) -> bool:
+    """Whether a torch version holds every tangent to the backward's end (`kept_tangents`)."""
+    parts = torch_version.split("+")[0].split(".")
+    try:
+        major, minor = int(parts[0]), int(parts[1])
+    except (ValueError, IndexError):
+        return False
+    return (major, minor) < (2, 12)
+
+
+def _tangents(plan: Plan) -> frozenset[str]:
+    return frozenset(n.name for n in plan.backward.nodes if n.op == "placeholder" and n.name.startswith("tangents"))

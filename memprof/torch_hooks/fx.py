@@ -8,6 +8,7 @@ import json
 import re
 from typing import Any
 
+from memprof.analysis.wrapper_code import EXTERN_MATMULS
 from memprof.plans import module_path
 
 # Ops that draw from a generator. Inductor's own random numbers are drawn once per graph call, as a
@@ -215,6 +216,25 @@ def _encode_arg(a: Any) -> Any:
     if isinstance(a, torch.device):
         return {"device": str(a)}
     raise _NoSpec
+
+
+def probed(node: Any, fallbacks: Any) -> bool:
+    """Whether a call node's scratch memory is measured (`memprof.sweep.probe`): the ops Inductor runs
+    as fallback kernels, and the CPU's half-precision matrix multiplies, which Inductor calls as extern
+    kernels writing into a buffer it made but which allocate a float accumulator of their own while
+    they run (the output's elements in fp32, measured on torch 2.13's CPU: invisible in the wrapper
+    code). The CPU's fp32 ones and every CUDA one allocate nothing beyond cuBLAS's kept workspace."""
+    import torch
+
+    if node.op != "call_function":
+        return False
+    if node.target in fallbacks:
+        return True
+    name = getattr(node.target, "__name__", "")
+    val = node.meta.get("val")
+    return (name.split(".")[0] in EXTERN_MATMULS and str(getattr(node.target, "namespace", "")) == "aten"
+            and isinstance(val, torch.Tensor) and val.device.type == "cpu"
+            and val.dtype in (torch.bfloat16, torch.float16))
 
 
 def call_spec(node: Any) -> str:

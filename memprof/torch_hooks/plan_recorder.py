@@ -24,7 +24,15 @@ from memprof.errors import one_line
 from memprof.graph_store import GraphRecord, GraphStore, PairRecord
 from memprof.plans import CompiledGraph, FxGraph, FxNode, Plan, RecomputedNode
 from memprof.torch_hooks import inductor, partition
-from memprof.torch_hooks.fx import call_spec, is_random_node, is_random_valued, item_sizes, node_module_path, value_info
+from memprof.torch_hooks.fx import (
+    call_spec,
+    is_random_node,
+    is_random_valued,
+    item_sizes,
+    node_module_path,
+    probed,
+    value_info,
+)
 from memprof.torch_hooks.known_tensors import KnownTensorRecorder
 from memprof.torch_hooks.patch import Patches
 
@@ -63,7 +71,7 @@ def fx_graph(gm: Any) -> FxGraph:
             # a dropout mask, or the random numbers it compares (a value made from a seed: its category)
             mask=n.op == "call_function" and ((dtype == "bool" and _is_mask(n, random_valued))
                                               or (n.name in random_valued and n.name not in random)),
-            call=call_spec(n) if n.op == "call_function" and n.target in fallbacks else "",
+            call=call_spec(n) if probed(n, fallbacks) else "",
             items=item_sizes(n.meta.get("val")) if n.op == "call_function" else [],
         ))
     return FxGraph(nodes)

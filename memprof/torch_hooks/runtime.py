@@ -70,7 +70,7 @@ class TangentWatch:
     its arguments as a list the wrapper clears, so a tangent whose storage is still alive when the
     call returns is held elsewhere (the autograd engine, on torch 2.11; a gradient the script keeps)
     and stays live through the backward; the others were freed at the wrapper's `del`. The compile-
-    time estimate holds tangents as this says (`memprof.sweep.estimate.kept_tangents`).
+    time estimate holds tangents as this says (`memprof.sweep.step_estimate.kept_tangents`).
 
     `tangents(key)`: for a graph's cache key, its plan's index and the (input position, name) of
     each tangent, None for a graph that is not a backward; `seen(plan, names)` gets the names that

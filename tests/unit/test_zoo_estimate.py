@@ -12,9 +12,9 @@ import pytest
 import memprof
 from memprof.analysis.timeline import window_peak, window_rise
 from memprof.plans import FxGraph, FxNode
-from memprof.sweep.estimate import estimate_step, tangents_held, walk_wrapper
+from memprof.sweep.estimate import estimate_step, walk_wrapper
 from memprof.sweep.measure import _windows, measure
-from memprof.sweep.step_estimate import activation_inputs, estimate_capture_plans, user_outputs
+from memprof.sweep.step_estimate import activation_inputs, estimate_capture_plans, tangents_held, user_outputs
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gpt2_bf16_cpu.memprof"
 
