@@ -32,9 +32,12 @@ def _user_outputs(est: StepEstimate, plan: Plan) -> list[int]:
 
 
 # keys of what a step's first calls make: an autotuning benchmark's cache flush (each freed before the
-# next is made: one key serves) and the cuBLAS workspaces of the forward's and the backward's threads
+# next is made: one key serves), the cuBLAS workspaces of the forward's and the backward's threads,
+# and their cuBLASLt workspaces
 _FLUSH_KEY = -(1 << 61)
-WORKSPACE_KEYS = (_FLUSH_KEY - 1, _FLUSH_KEY - 2)
+_CUBLAS_KEYS = (_FLUSH_KEY - 1, _FLUSH_KEY - 2)
+_LT_KEYS = (_FLUSH_KEY - 3, _FLUSH_KEY - 4)
+WORKSPACE_KEYS = (*_CUBLAS_KEYS, *_LT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -44,30 +47,41 @@ class FirstCalls:
     kernel names, `memprof.torch_hooks.inductor.autotuned_kernels`), Inductor's benchmarker makes a
     buffer of `flush_bytes` (the L2 cache) and frees it, once per config it times (the same block
     each time: counted once); at a thread's first matrix multiply cuBLAS makes its workspace
-    (`workspace_bytes`, the forward's thread's and the autograd engine's; 0: not modelled), kept for
-    good."""
+    (`workspace_bytes`, the forward's thread's and the autograd engine's; 0: not modelled), and at
+    its first `addmm` (a bias added in the multiply: cuBLASLt's path) cuBLASLt makes its own
+    (`lt_workspace_bytes`; a thread that calls none has none), both kept for good."""
 
     autotuned: Mapping[tuple[int, str], frozenset[str]]
     flush_bytes: int
     workspace_bytes: int = 0
+    lt_workspace_bytes: int = 0
 
 
 def first_call(walk: GraphWalk, autotuned: frozenset[str], flush_bytes: int,
-               workspace: tuple[int, int] | None = None) -> tuple[list[tuple[int, int]], bool]:
-    """A walk's requests as a graph's first call makes them (`FirstCalls`), and whether the
-    `workspace` (key, bytes) went in (before its first matrix multiply: else it has none)."""
+               workspace: tuple[int, int] | None = None, lt: tuple[int, int] | None = None
+               ) -> tuple[list[tuple[int, int]], bool, bool]:
+    """A walk's requests as a graph's first call makes them (`FirstCalls`), and whether the cuBLAS
+    `workspace` and the cuBLASLt one (`lt`), each (key, bytes), went in (before its first matrix
+    multiply, and its first `addmm`: else it has none)."""
     out: list[tuple[int, int]] = []
-    at, seen, placed = 0, set(), False
+    at, seen, placed, lt_placed = 0, set(), False, False
     for pos, name in walk.launches:
         if name.startswith("extern_kernels."):
+            made = []
             if workspace is not None and not placed:
-                out += [*walk.log[at:pos], workspace]
-                at, placed = pos, True
+                made.append(workspace)
+                placed = True
+            if lt is not None and not lt_placed and name == "extern_kernels.addmm":
+                made.append(lt)
+                lt_placed = True
+            if made:
+                out += [*walk.log[at:pos], *made]
+                at = pos
         elif name in autotuned and name not in seen and flush_bytes > 0:
             seen.add(name)
             out += [*walk.log[at:pos], (_FLUSH_KEY, flush_bytes), (_FLUSH_KEY, 0)]
             at = pos
-    return out + list(walk.log[at:]), placed
+    return out + list(walk.log[at:]), placed, lt_placed
 
 
 def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[Mapping[str, int]],
@@ -80,14 +94,18 @@ def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[M
     tuned = [(first.autotuned.get((i, "forward"), none), first.autotuned.get((i, "backward"), none))
              for i in plan_ids] if first else [(none, none)] * len(chain)
     flush = first.flush_bytes if first else 0
-    # the cuBLAS workspaces not yet made, by thread (0: the forward's, 1: the backward's)
-    pending = {t: (k, first.workspace_bytes) for t, k in enumerate(WORKSPACE_KEYS)} \
+    # the cuBLAS and cuBLASLt workspaces not yet made, by thread (0: the forward's, 1: the backward's)
+    pending = {t: (k, first.workspace_bytes) for t, k in enumerate(_CUBLAS_KEYS)} \
         if first and first.workspace_bytes else {}
+    pending_lt = {t: (k, first.lt_workspace_bytes) for t, k in enumerate(_LT_KEYS)} \
+        if first and first.lt_workspace_bytes else {}
 
     def requests(walk: GraphWalk, autotuned: frozenset[str], thread: int) -> list[tuple[int, int]]:
-        out, placed = first_call(walk, autotuned, flush, pending.get(thread))
+        out, placed, lt_placed = first_call(walk, autotuned, flush, pending.get(thread), pending_lt.get(thread))
         if placed:
             del pending[thread]
+        if lt_placed:
+            del pending_lt[thread]
         return out
     fw_part: list[tuple[int, int]] = []
     remap: dict[int, int] = {}  # a key the walks gave a tangent -> the gradient's key it really is
@@ -132,7 +150,8 @@ def chain_requests(chain: Sequence[tuple[Plan, StepEstimate]], links: Sequence[M
         bw_part += [(k, nbytes) for _name, k, nbytes in tangent_keys if k not in given]
         bw_part += requests(est.bw, tuned[j][1], 1)
         bw_part += [(k, 0) for name, k, _n in tangent_keys if name in est.held_tangents]
-    # a workspace no multiply of the chain made: made in the step all the same (the script's own)
+    # a cuBLAS workspace no multiply of the chain made: made in the step all the same (the script's
+    # own); a cuBLASLt one only by an `addmm`, which the script may never call
     return [(remap.get(k, k), n) for k, n in (*fw_part, *drops, *bw_part, *pending.values())]
 
 

@@ -43,8 +43,9 @@ from memprof.analysis.caching_allocator import (
     settings_modelled,
 )
 from memprof.sweep.block_peak import FirstCalls
+from memprof.sweep.estimate import tangent_nodes
 from memprof.sweep.measure import ChildResult, Measured, estimate_fields, estimates, merge_facts, plan_facts
-from memprof.sweep.step_estimate import CaptureEstimate
+from memprof.sweep.step_estimate import CaptureEstimate, running_torch_version, tangents_held
 from memprof.torch_hooks.optimizer_step import optimizer_state_bytes, optimizer_state_requests
 from memprof.torch_hooks.patch import Patches
 from memprof.torch_hooks.predict import (
@@ -52,7 +53,7 @@ from memprof.torch_hooks.predict import (
     LazyKernel,
     Resident,
     allocator_segments,
-    cublas_workspace_bytes,
+    cublas_workspaces,
     eager_runs,
     held_outputs,
     lazy_kernels,
@@ -61,6 +62,7 @@ from memprof.torch_hooks.predict import (
     sharing_available,
     stop_at_backward,
 )
+from memprof.torch_hooks.tangents import incoming_tangents
 
 
 class _Stop(BaseException):
@@ -120,12 +122,14 @@ class _Book:
     optimizer_state: tuple[OptimizerStep, list[str]] | None = None
     # what a step starts from: the bytes allocated when the first compiled graph ran (on the device
     # the parameters live on), and those added before the next step: the optimizers' first-step
-    # state and, on CUDA, the cuBLAS workspaces the first matrix multiply makes
+    # state and, on CUDA, one thread's cuBLAS and cuBLASLt workspaces (`cublas_workspaces`)
     resident: Resident | None = None
     state_bytes: int = 0
-    workspaces: int = 0
-    # the compiled outputs the script held beside its loss at the first backward (`held_outputs`)
+    workspace: tuple[int, int] = (0, 0)
+    # the compiled outputs the script held beside its loss at the first backward (`held_outputs`),
+    # and the gradients the first compiled backward would be handed (`incoming_tangents`)
     held: list[tuple[int, int]] = field(default_factory=list)
+    tangents: list[tuple[list[int], str, bool]] | None = None
 
     def before_first_run(self) -> None:
         if self.segments is None:
@@ -144,9 +148,10 @@ class _Book:
             # another of the same size at its first matrix multiply (the real snapshot
             # tests/fixtures/tiny_snapshot_cuda.pickle shows both: one under the forward's call, one
             # under `_backward_impl`); no backward runs here, so it is counted as the forward's twin
-            self.workspaces = 2 * cublas_workspace_bytes() if self.resident.device == "cuda" else 0
-            self.state_bytes = optimizer_state_bytes(self.resident.device) + self.workspaces
+            self.workspace = cublas_workspaces() if self.resident.device == "cuda" else (0, 0)
+            self.state_bytes = optimizer_state_bytes(self.resident.device)
             self.held = held_outputs(roots, self.resident.device)
+            self.tangents = incoming_tangents(roots)  # (runs the backward's eager part: last)
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:
@@ -257,32 +262,58 @@ def _first_calls(graphs: Sequence[Any], book: _Book, notes: list[str]) -> FirstC
             "benchmarks' cache flushes are left out of the caching allocator's model")
     if unknown and note not in notes:
         notes.append(note)
-    return FirstCalls(out, l2_flush_bytes(book.segments[0] if book.segments else 0), book.workspaces // 2)
+    return FirstCalls(out, l2_flush_bytes(book.segments[0] if book.segments else 0), *book.workspace)
 
 
-def _resident(book: _Book, walk: CaptureEstimate | None) -> int | None:
+def _kept_tangents(plans: Sequence[Any], incoming: list[tuple[list[int], str, bool]] | None) -> dict[int, list[str]]:
+    """The tangents the engine holds through the backward of the pair whose tangents are the gradients
+    the first compiled backward would be handed (matched by shape and dtype, one pair alone): on a
+    torch that holds them (2.11), those handed contiguous, which AOTAutograd takes as they are (not
+    `.sum()`'s expanded ones: it copies those, and frees the copy at the wrapper's `del`). Other
+    pairs, and other torch versions, follow the version (`kept_tangents`)."""
+    if not incoming or not tangents_held(running_torch_version()):
+        return {}
+    want = [(shape, dtype) for shape, dtype, _c in incoming]
+    match = [i for i, p in enumerate(plans) if [(t.shape, t.dtype) for t in tangent_nodes(p)] == want]
+    if len(match) != 1:
+        return {}
+    names = [t.name for t in tangent_nodes(plans[match[0]])]
+    return {match[0]: [n for n, (_s, _d, contiguous) in zip(names, incoming, strict=True) if contiguous]}
+
+
+def _workspaces(book: _Book, graphs: Sequence[Any]) -> int:
+    """The workspaces a step after the first holds: each thread's cuBLAS one (the forward's and the
+    autograd engine's), and a cuBLASLt one on each thread whose compiled graphs call `addmm` (the
+    run op by op here calls it wherever the FX graph has one; Inductor's code may not: the paper
+    BERT's at budget 0 adds every bias in a Triton kernel, at 1.0 one in an `addmm`)."""
+    cublas, lt = book.workspace
+    lt_threads = {g.role for g in graphs if g.role in ("forward", "backward") and "extern_kernels.addmm(" in g.source}
+    return 2 * cublas + lt * len(lt_threads)
+
+
+def _resident(book: _Book, walk: CaptureEstimate | None, workspaces: int) -> int | None:
     """What a step after the first starts from: the caching allocator's model of it where the
     estimate replayed one (the optimizer's state in the blocks it got, some larger than their
     requests), else what was allocated before the first compiled graph ran plus the state's
-    requests; and the cuBLAS workspaces, and the outputs the script holds beside its loss."""
+    requests; and the `workspaces`, and the outputs the script holds beside its loss."""
     if book.resident is None:
         return None
     held = walk.held_outputs if walk is not None else sum(b for _k, b in book.held)
     if walk is not None and walk.steady_start is not None:  # (the workspaces in the model's blocks, or beside)
-        return walk.steady_start + (0 if walk.workspaces_in_blocks else book.workspaces) + held
-    return book.resident.allocated + book.state_bytes + held
+        return walk.steady_start + (0 if walk.workspaces_in_blocks else workspaces) + held
+    return book.resident.allocated + book.state_bytes + workspaces + held
 
 
-def _reserved(book: _Book, walk: CaptureEstimate | None) -> int | None:
+def _reserved(walk: CaptureEstimate | None, workspaces: int) -> int | None:
     """The caching allocator's reserved bytes by the end of a step after the first, where the
-    estimate replayed its model: the model's segments, and a segment per cuBLAS workspace (32 MiB:
-    a segment of its own); and the outputs the script holds that no backward saves, whose blocks the
+    estimate replayed its model: the model's segments, and a segment per workspace (32 MiB: a
+    segment of its own); and the outputs the script holds that no backward saves, whose blocks the
     model gave back when the forward returned (an upper bound: what the model's backward put in
     them may fit in its segments' free space)."""
     if walk is None or walk.steady_reserved is None:
         return None
     held = walk.held_outputs - walk.held_saved
-    return walk.steady_reserved + (0 if walk.workspaces_in_blocks else book.workspaces) + held
+    return walk.steady_reserved + (0 if walk.workspaces_in_blocks else workspaces) + held
 
 
 def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], remat: str | None, result: Any,
@@ -301,8 +332,10 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
     device = "cuda" if any("empty_strided_cuda((" in g.source for g in graphs) else "cpu"
     allocator, between = _allocator(book, device, notes)
     first_calls = _first_calls(graphs, book, notes) if allocator is not None and between is not None else None
+    workspaces = _workspaces(book, graphs) if device == "cuda" else 0
     found, walk = (estimates(plans, graphs, device, allocator=allocator, between=between, first_calls=first_calls,
-                             held=book.held) if error is None else ({}, None))
+                             held=book.held, tangents=_kept_tangents(plans, book.tangents))
+                   if error is None else ({}, None))
     est = found.get("memprof")
     if walk is not None and walk.held_saved and walk.phase == "backward" and est is not None:
         found["memprof"] = est - walk.held_saved  # (in the bytes the step starts from: `held_of_pair`)
@@ -325,7 +358,7 @@ def _result(recorder: Any, book: _Book, b: float, budgets: Sequence[float], rema
         at_peak=explained["estimate_at_peak"], peak_phase=explained["estimate_peak_phase"], at_peak_source="estimate",
         # what this budget alone would take: its own partition and compile, and the shared part
         compile_s=round(shared + own, 2), own_compile_s=round(own, 2), shared_s=round(shared, 2),
-        resident=_resident(book, walk), reserved=_reserved(book, walk),
+        resident=_resident(book, walk, workspaces), reserved=_reserved(walk, workspaces),
         parameter_bytes=book.resident.parameters if book.resident else None,
         **explained)
     return ChildResult(b, remat or "off", status, code, error, measured, details={

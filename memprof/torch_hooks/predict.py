@@ -357,15 +357,29 @@ def _storage_bytes(tensors: Iterable[Any], device_type: str) -> int:
     return sum(seen.values())
 
 
-def cublas_workspace_bytes() -> int:
-    """Bytes the cuBLAS and cuBLASLt workspaces hold in the caching allocator: made at a process's
-    first matrix multiply on a stream and kept, so every step after the first starts with them.
-    Measured by giving them back (torch makes them again at the next multiply); 0 off CUDA."""
+def cublas_workspaces() -> tuple[int, int]:
+    """Bytes of one thread's cuBLAS workspace and of its cuBLASLt one, each made at the thread's
+    first matrix multiply on a stream (cuBLASLt's at the first that adds a bias in the multiply,
+    `addmm`) and kept, so every step after the first starts with them; (0, 0) off CUDA, or where the
+    forward made none. Measured by giving them back (torch makes them again at the next multiply),
+    then making them one at a time with small multiplies, and giving them back again: a forward run
+    op by op makes the cuBLASLt one wherever its graph has an `addmm`, which Inductor's code may not
+    call (the two sizes: 32 MiB and 1 MiB on the H100 and H200 with torch 2.11)."""
     import torch
 
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is None or not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        return 0
+        return 0, 0
     before = int(torch.cuda.memory_allocated())
     clear()
-    return max(0, before - int(torch.cuda.memory_allocated()))
+    if before - int(torch.cuda.memory_allocated()) <= 0:
+        return 0, 0
+    a = torch.ones(16, 16, device="cuda")
+    bias = torch.ones(16, device="cuda")
+    start = int(torch.cuda.memory_allocated())
+    torch.mm(a, a)  # (its output freed at once)
+    cublas = max(0, int(torch.cuda.memory_allocated()) - start)
+    torch.addmm(bias, a, a)
+    lt = max(0, int(torch.cuda.memory_allocated()) - start - cublas)
+    clear()
+    return cublas, lt

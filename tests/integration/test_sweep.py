@@ -679,6 +679,37 @@ for _ in range(int(sys.argv[2]) if len(sys.argv) > 2 else 2):
 '''
 
 
+def test_a_prediction_reads_the_gradients_its_first_compiled_backward_would_get(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """At its first backward a prediction runs the backward's eager part and stops where the first
+    compiled region's backward would start, reading the gradients handed to it: `.sum()`'s is an
+    expanded tensor (AOTAutograd copies it; the copy goes at the wrapper's `del`), `.mean()`'s a
+    dense one (torch 2.11's engine holds it through the call). No gradient is accumulated. On a
+    torch that holds tangents, the pair whose tangents match keeps only the dense ones."""
+    import types
+
+    import torch
+
+    import memprof.sweep.predict as predict
+    from memprof.torch_hooks.tangents import incoming_tangents
+
+    lin = torch.nn.Linear(8, 8)
+    f = torch.compile(lambda x: torch.relu(lin(x)), backend="aot_eager")
+    x = torch.randn(4, 8)
+    summed, mean = incoming_tangents([f(x).sum()]), incoming_tangents([f(x).mean()])
+    assert summed == [([4, 8], "float32", False)] and mean == [([4, 8], "float32", True)]
+    assert incoming_tangents([f(x)]) is None and lin.weight.grad is None  # (not a scalar: not known)
+
+    tangent = types.SimpleNamespace(op="placeholder", name="tangents_1", bytes=128, shape=[4, 8], dtype="float32")
+    plan = types.SimpleNamespace(backward=types.SimpleNamespace(nodes=[tangent]))
+    monkeypatch.setattr(predict, "tangents_held", lambda version: True)
+    assert predict._kept_tangents([plan], summed) == {0: []}
+    assert predict._kept_tangents([plan], mean) == {0: ["tangents_1"]}
+    assert predict._kept_tangents([plan], [([2, 8], "float32", True)]) == {}  # no pair's tangents match
+    monkeypatch.setattr(predict, "tangents_held", lambda version: False)
+    assert predict._kept_tangents([plan], mean) == {}  # (the version's rule: none held)
+
+
 def test_a_prediction_counts_the_outputs_a_script_holds_beside_its_loss(tmp_path: Path) -> None:
     """`loss, logits = step(ids)` keeps the logits through the backward and into the next step, so a
     measured step rises from them. A prediction (stopped at the first backward) counts them in the

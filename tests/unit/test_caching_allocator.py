@@ -336,14 +336,49 @@ def test_a_first_call_flushes_the_cache_before_each_autotuning_kernels_first_lau
 
     walk = walk_wrapper(_TUNED_WRAPPER, None, block=512)
     assert [name for _, name in walk.launches] == ["triton_red_fused_0", "triton_poi_fused_1", "triton_red_fused_0"]
-    assert first_call(walk, frozenset(), 60 * MiB) == (list(walk.log), False)
-    first, _ = first_call(walk, frozenset({"triton_red_fused_0"}), 60 * MiB)
+    assert first_call(walk, frozenset(), 60 * MiB) == (list(walk.log), False, False)
+    first, _, _ = first_call(walk, frozenset({"triton_red_fused_0"}), 60 * MiB)
     flushes = [i for i, (_k, n) in enumerate(first) if n == 60 * MiB]
     assert len(first) == len(walk.log) + 2 and flushes == [1]  # after buf0 is made, before the launch
     assert first[2][1] == 0 and first[2][0] == first[1][0]  # freed at once
     model = CachingAllocatorModel()
     model.run(first)
     assert model.reserved == 60 * MiB + 2 * MiB  # its segment stays: the buffers' small blocks share a 2 MiB one
+
+
+_MATMUL_WRAPPER = '''
+def call(args):
+    arg0_1, arg1_1, arg2_1 = args
+    args.clear()
+    with torch.cuda._DeviceGuard(0):
+        torch.cuda.set_device(0)
+        buf0 = empty_strided_cuda((64, 64), (64, 1), torch.float32)
+        extern_kernels.mm(arg0_1, arg1_1, out=buf0)
+        buf1 = empty_strided_cuda((64, 64), (64, 1), torch.float32)
+        extern_kernels.addmm(arg2_1, buf0, arg1_1, alpha=1, beta=1, out=buf1)
+        del buf0
+    return (buf1, )
+'''
+
+
+def test_a_threads_cublaslt_workspace_is_made_at_its_first_addmm() -> None:
+    """cuBLAS makes a thread's workspace at its first matrix multiply; cuBLASLt makes its own at the
+    thread's first multiply that adds a bias (`addmm`), and a graph that calls none makes none (the
+    paper BERT's run at budget 0 held two 32 MiB workspaces; at 1.0, where Inductor called one
+    `addmm` in the forward, a 1 MiB cuBLASLt one beside them: H200, torch 2.11)."""
+    from memprof.sweep.block_peak import first_call
+    from memprof.sweep.estimate import walk_wrapper
+
+    walk = walk_wrapper(_MATMUL_WRAPPER, None, block=512)
+    assert [name for _, name in walk.launches] == ["extern_kernels.mm", "extern_kernels.addmm"]
+    ws, lt = (-1, 32 * MiB), (-2, MiB)
+    first, placed, lt_placed = first_call(walk, frozenset(), 0, ws, lt)
+    assert placed and lt_placed and len(first) == len(walk.log) + 2
+    assert first.index(ws) == 1 and first.index(lt) == 3  # after buf0 (before the mm), after buf1 (before the addmm)
+    no_addmm = walk_wrapper(_MATMUL_WRAPPER.replace("extern_kernels.addmm(arg2_1, ", "extern_kernels.mm("), None,
+                            block=512)
+    first, placed, lt_placed = first_call(no_addmm, frozenset(), 0, ws, lt)
+    assert placed and not lt_placed and lt not in first
 
 
 def test_each_kernels_heuristic_is_read_from_the_wrapper_code() -> None:
