@@ -193,8 +193,9 @@ def _in_blocks(best: CaptureEstimate, pairs: Sequence[tuple[Plan, StepEstimate]]
     if between is not None:
         first = None
         if facts is not None:  # (the workspaces are made once: by the first chain)
+            later = dataclasses.replace(facts, workspace_bytes=0, lt_workspace_bytes=0)
             first = [chain_requests([pairs[i] for i in chain], _chain_links(chain, links), block,
-                                    facts if k == 0 else dataclasses.replace(facts, workspace_bytes=0), chain)
+                                    facts if k == 0 else later, chain)
                      for k, chain in enumerate(chains)]
         steady = steady_peak(allocator, steps, between, first, keep=frozenset(WORKSPACE_KEYS))
         peak, start, reserved = steady.peak, steady.start, steady.reserved
