@@ -151,7 +151,8 @@ class _Book:
             self.workspace = cublas_workspaces() if self.resident.device == "cuda" else (0, 0)
             self.state_bytes = optimizer_state_bytes(self.resident.device)
             self.held = held_outputs(roots, self.resident.device)
-            self.tangents = incoming_tangents(roots)  # (runs the backward's eager part: last)
+            if tangents_held(running_torch_version()):  # (else no tangent is held: nothing to read)
+                self.tangents = incoming_tangents(roots)  # (runs the backward's eager part: last)
 
     @contextlib.contextmanager
     def compiling(self, budget: float) -> Iterator[None]:
