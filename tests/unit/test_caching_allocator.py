@@ -195,23 +195,12 @@ def test_an_optimizer_step_above_the_steps_own_peak_is_the_peak() -> None:
 
 
 def _gqa_prediction_inputs(cap: Any) -> tuple[CachingAllocatorModel, list[int]]:
-    """What a prediction of the GQA fixture's steps starts from: the allocator model as it was
-    before the first step (replayed from the capture) and the optimizer state's requests made in
-    the first step (what `OptimizerStep` allocates between the steps)."""
-    from memprof.analysis.attribution import Category
-    from memprof.sweep.measure import _windows
-    from memprof.sweep.probe import preload
+    """What a prediction of the GQA fixture's steps starts from (`memprof.sweep.replay`)."""
+    from memprof.sweep.replay import prediction_inputs
 
-    tl, raw = cap.timeline("cuda:0"), cap.raw
-    windows, _ = _windows(cap, "cuda:0")
-    preload(cap.info.scratch_probes)
-    before = model_at(raw, tl, tl.pos_before_row(int(np.flatnonzero(raw["kind"] == Kind.SCOPE_BEGIN)[0])))
-    assert before is not None
-    labels = cap.labels("cuda:0")
-    first_step = [(i, r) for i, r in enumerate(tl.rows.tolist()) if windows[0][0] <= r < windows[0][1]]
-    state = [int(raw["aux"][r]) for i, r in first_step
-             if tl.is_alloc[i] and labels.category[i] == Category.OPTIMIZER_STATE]
-    return before, state
+    found = prediction_inputs(cap, "cuda:0")
+    assert found is not None
+    return found
 
 
 def _gqa_first_calls() -> Any:
@@ -399,3 +388,22 @@ def test_each_kernels_heuristic_is_read_from_the_wrapper_code() -> None:
             assert call.startswith(("triton_heuristics.pointwise(", "triton_heuristics.reduction(",
                                     "triton_heuristics.persistent_reduction("))
         assert set(tuned[f"{g.plan}:{g.role}"]) <= set(kernels)
+
+
+def test_a_prediction_is_replayed_against_the_run_that_measured_it(capsys: pytest.CaptureFixture[str]) -> None:
+    """tools/replay_prediction.py sets a prediction's model of a capture's steps (from the allocator
+    before the first compiled-graph call, without the autotuning flushes) beside what the run
+    measured: on the GQA fixture 1 MiB over at the step (as the test above finds without the first
+    calls' flushes), and 523,776 B over at the resident bytes."""
+    import importlib.util
+
+    path = FIXTURES.parents[1] / "tools" / "replay_prediction.py"
+    spec = importlib.util.spec_from_file_location("replay_prediction", path)
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.main([str(FIXTURES / "gqa_blocks_cuda.memprof")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3] == "| step peak above resident | 436,756,992 | 437,805,568 | +1,048,576 (+0.240%) |"
+    assert out[-2] == "| resident | 1,139,359,744 | 1,139,883,520 | +523,776 (+0.046%) |"
+    assert tool.main([str(FIXTURES / "tiny_compiled.memprof")]) == 1  # (a CPU capture: one line, exit 1)
