@@ -13,7 +13,7 @@ class _Reached(Exception):
 
 def incoming_tangents(roots: Sequence[Any]) -> list[tuple[list[int], str, bool]] | None:
     """The gradients the first compiled region's backward a backward from `roots` reaches would be
-    handed, as (shape, dtype, contiguous) per gradient, None for an output that gets none; found by
+    handed, as (shape, dtype, contiguous), in output order (an output handed none left out); found by
     running the backward's eager part (the ops between the loss and the region: `.sum()`'s expand,
     say) and stopping where the region's backward would start. AOTAutograd copies a gradient that is
     not contiguous, and the copy goes at the wrapper's `del`; one it takes as it is, torch 2.11's
