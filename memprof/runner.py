@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import gc
 import importlib.machinery
 import os
 import shlex
@@ -332,6 +333,10 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
             if os.getpid() == pid:
                 guard.__enter__()  # the script has ended: from here on signals wait for the save
                 cap.meta.update(status=result.status, exit_code=result.exit_code, error=result.error)
+                # what only reference cycles held (a first step's logits, held by the compile of the
+                # graph after a break) is freed here, as Python's exit would: the capture marks those
+                # frees as the collector's, so memory that was garbage at the peak is named as such
+                gc.collect()
     except SaveError as exc:
         save_error = str(exc)
     except BaseException:

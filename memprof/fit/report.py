@@ -39,7 +39,9 @@ def _proof(limit: int, m: Measured, cand: Candidate | None) -> list[str]:
         lines.append(f"  {fmt_bytes(m.garbage)} ({m.garbage:,} B) live at the peak was garbage in reference cycles, "
                      "freed later by Python's garbage collector when a collection happened to run"
                      + (" (without it the run is under the limit)" if under else "")
-                     + ": gc.collect() after the first step (the one that compiles) frees it at a fixed point")
+                     + ": gc.collect() after the first step (the one that compiles) frees it at a fixed point"
+                     + (f"; the prediction leaves it out: {cand.peak - (m.peak - m.garbage):+,} B from the rest"
+                        if cand is not None and cand.peak is not None else ""))
     if m.error:
         lines.append(f"  the run did not end well: {m.error}")
     return lines

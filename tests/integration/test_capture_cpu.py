@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +13,8 @@ import memprof
 from memprof._events import Kind
 from memprof.analysis.labels import Category
 from memprof.reporters import render
+
+from ..conftest import run_memprof
 
 
 def cpu_alloc_events(cap: memprof.Capture) -> np.ndarray:
@@ -175,6 +178,25 @@ def test_frees_by_the_cyclic_garbage_collector_are_told_apart() -> None:
         del t
         gc.collect()
     assert len(quiet.gc_freed("cpu")) == 0 and "cyclic garbage" not in render("text", quiet)
+
+
+def test_a_traced_scripts_garbage_is_collected_when_it_ends(tmp_path: Path) -> None:
+    """What only a reference cycle holds when a traced script ends (as Dynamo's compile of the graph
+    after a break holds the first step's logits) is freed by a collection memprof runs then, as
+    Python's exit would: the capture marks those frees as the collector's, so `garbage_at` (and
+    `fit`'s certificate) can say the memory was garbage, where before it was never freed."""
+    from memprof.analysis.garbage import garbage_at
+
+    script = tmp_path / "cycle.py"
+    script.write_text("import gc, torch\ngc.disable()\n"
+                      "held = {'t': torch.empty(1000)}\nheld['self'] = held\ndel held\n"
+                      "peak = torch.empty(3000)\ndel peak\n")
+    res = run_memprof("trace", "-o", "c.memprof", str(script), cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    cap = memprof.load(tmp_path / "c.memprof")
+    tl = cap.timeline("cpu")
+    assert tl.delta[cap.gc_freed("cpu")].tolist() == [-4000]
+    assert tl.peak == 16000 and garbage_at(tl, tl.peak_pos, cap.gc_freed("cpu")) == 4000
 
 
 def test_max_events_bounds_memory_and_counts_drops() -> None:
