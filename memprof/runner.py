@@ -333,10 +333,7 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
             if os.getpid() == pid:
                 guard.__enter__()  # the script has ended: from here on signals wait for the save
                 cap.meta.update(status=result.status, exit_code=result.exit_code, error=result.error)
-                # what only reference cycles held (a first step's logits, held by the compile of the
-                # graph after a break) is freed here, as Python's exit would: the capture marks those
-                # frees as the collector's, so memory that was garbage at the peak is named as such
-                gc.collect()
+                gc.collect()  # (as Python's exit would: what only cycles held, named as the collector's)
     except SaveError as exc:
         save_error = str(exc)
     except BaseException:
@@ -365,12 +362,10 @@ def traced(script: str, script_args: list[str], out: Path, exports: Mapping[str,
 
 
 def record_probes(cap: Capture) -> None:
-    """The scratch of the compiled graphs' fallback calls, probed now that the capture stopped (torch is
-    loaded, no capture runs) and saved with it: the summary's estimate and a later `memprof report`'s
-    are then the same figure, and the report runs no kernel and imports no torch for it. Not after an
-    exception or an OOM: the probes allocate on the device the script ran out of (the summary then
-    probes what it can itself). A probe that crashes the process leaves the spill, which `memprof
-    report OUT` recovers."""
+    """The compiled graphs' fallback calls' scratch, probed once the capture stopped (torch loaded, no
+    capture running) and saved with it: the summary's estimate and a later `memprof report`'s are one
+    figure, the report running no kernel. Not after an exception or an OOM (the probes allocate on the
+    device the script ran out of); a probe that crashes the process leaves the spill (`memprof report OUT`)."""
     if cap.plans and cap.meta.get("status") in ("completed", "exit"):
         from memprof.sweep.probe import probe_plans
 
