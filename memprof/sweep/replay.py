@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from memprof._events import Kind
 from memprof.analysis.attribution import Category
 from memprof.analysis.caching_allocator import CachingAllocatorModel, model_at
 
@@ -25,10 +22,8 @@ def prediction_inputs(cap: Capture, device: str) -> tuple[CachingAllocatorModel,
     from memprof.sweep.measure import _windows
     from memprof.sweep.probe import preload
 
-    tl, raw = cap.timeline(device), cap.raw
-    begins = np.flatnonzero(raw["kind"] == Kind.SCOPE_BEGIN)
-    first = next((int(r) for r in begins if cap.scope_name(int(raw["scope"][r])).startswith("## Call CompiledFxGraph")),
-                 None)
+    tl, raw, labels = cap.timeline(device), cap.raw, cap.labels(device)
+    first = min((c.begin_row for c in labels.calls), default=None)  # (the first call's scope begins there)
     windows, _ = _windows(cap, device)
     if first is None or not windows:
         return None
@@ -36,8 +31,6 @@ def prediction_inputs(cap: Capture, device: str) -> tuple[CachingAllocatorModel,
     before = model_at(raw, tl, tl.pos_before_row(first))
     if before is None:
         return None
-    labels = cap.labels(device)
     start, end = windows[0][0], windows[0][1]
-    state = [int(raw["aux"][r]) for i, r in enumerate(tl.rows.tolist())
-             if start <= r < end and tl.is_alloc[i] and labels.category[i] == Category.OPTIMIZER_STATE]
-    return before, state
+    made = (tl.rows >= start) & (tl.rows < end) & tl.is_alloc & (labels.category == Category.OPTIMIZER_STATE)
+    return before, [int(b) for b in raw["aux"][tl.rows[made]]]
