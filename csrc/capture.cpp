@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string_view>
 #include <stdexcept>
 #include <thread>
 
@@ -66,7 +67,15 @@ uint64_t g_generation = 0;
 // thread or process teardown never see a destroyed thread_local.
 struct ThreadState {
   uint64_t generation = 0;
-  std::vector<uint32_t> stack;           // open RecordFunction scopes
+  std::vector<uint32_t> stack;           // open scopes (RecordFunction's and memprof's own), innermost last
+  // An op's scope is recorded only once an event happens inside it: the stack's first `written` scopes
+  // have their begin in the store, those above them wait for the thread's next event (`flush_scopes`).
+  // Most ops allocate nothing (in-place updates, views, an optimizer's arithmetic), and their two
+  // events were most of what op scopes cost a host-bound step. Scopes that are not an op's, and every
+  // scope inside a compiled-graph call (the join counts the wrapper's calls there by occurrence) or a
+  // collective (`memprof.analysis.distributed` finds them by name), are written when they begin.
+  size_t written = 0;
+  uint32_t graph_calls = 0;              // compiled-graph call scopes open on the stack
   std::deque<std::string> owned;         // storage for cache keys
   std::unordered_map<std::string_view, uint32_t> cache;  // name -> id
   // CUDA tracker ALLOC seen just before the reporter's ALLOC (same thread,
@@ -105,6 +114,8 @@ thread_local ThreadState* t_state = nullptr;
   if (ts->generation != s->generation) {
     ts->generation = s->generation;
     ts->stack.clear();
+    ts->written = 0;
+    ts->graph_calls = 0;
     ts->cache.clear();
     ts->owned.clear();
     ts->by_address.fill(ThreadState::NameSlot{});
@@ -149,6 +160,30 @@ Event make_event(uint8_t kind, const ThreadState& ts) {
   return e;
 }
 
+// The begins of the thread's scopes still waiting for an event (`ThreadState::written`), outermost
+// first, at the time of the event about to be appended (`t_ns`, read before it: the store stays in
+// time order on the thread).
+[[gnu::noinline]] void flush_scopes(Session* s, ThreadState& ts, int64_t t_ns) {
+  for (size_t i = ts.written; i < ts.stack.size(); ++i) {
+    Event b{};
+    b.t_ns = t_ns;
+    b.kind = kScopeBegin;
+    b.aux = -1;
+    b.device_type = -1;
+    b.device_index = -1;
+    b.scope = ts.stack[i];
+    b.thread = static_cast<uint16_t>(ts.thread_index);
+    s->store.append(b);
+  }
+  ts.written = ts.stack.size();
+}
+
+// Every event of a thread goes to the store through here: the scopes it happens in first.
+inline void append(Session* s, ThreadState& ts, const Event& e) {
+  if (ts.written != ts.stack.size()) flush_scopes(s, ts, e.t_ns);
+  s->store.append(e);
+}
+
 // The reporter sits in the PROFILER_STATE debug-info slot. Deriving from
 // ProfilerStateBase (state Disabled) keeps profiler code that reads that slot
 // well-defined while c10::memoryProfilingEnabled() returns true.
@@ -175,7 +210,7 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
       e.stream = ts.pending_stream;
       ts.pending_valid = false;
     }
-    s->store.append(e);
+    append(s, ts, e);
   }
 
   void reportOutOfMemory(int64_t alloc_size, size_t /*total_allocated*/,
@@ -190,7 +225,7 @@ class Reporter final : public torch::profiler::impl::ProfilerStateBase {
     e.bytes = alloc_size;
     e.device_type = static_cast<int8_t>(device.type());
     e.device_index = static_cast<int8_t>(device.index());
-    s->store.append(e);
+    append(s, ts, e);
   }
 
   bool memoryProfilingEnabled() const override {
@@ -246,7 +281,7 @@ void record_cpu(uint8_t kind, void* ptr, int64_t bytes) {
       static_cast<c10::DebugInfoBase*>(s->reporter.get())) {
     e.flags |= kFlagOtherThread;
   }
-  s->store.append(e);
+  append(s, ts, e);
 }
 
 class TrackingCPUAllocator;
@@ -364,19 +399,31 @@ void uninstall_cpu_wrapper() {
 
 // A scope's begin or end on the calling thread, whoever opened it (RecordFunction, or memprof itself in
 // a quiet stretch: quiet_scope).
-void record_scope(Session* s, ThreadState& ts, uint32_t id, bool begin) {
+// `lazy`: an op's scope, written only once an event happens in it (`ThreadState::written`).
+void record_scope(Session* s, ThreadState& ts, uint32_t id, bool begin, bool lazy = false, bool graph_call = false) {
   if (begin) {
+    ts.graph_calls += graph_call;
+    if (lazy && ts.graph_calls == 0) {
+      ts.stack.push_back(id);
+      return;
+    }
     Event e = make_event(kScopeBegin, ts);
     e.scope = id;
+    append(s, ts, e);  // (the scopes below it first)
     ts.stack.push_back(id);
-    s->store.append(e);
+    ts.written = ts.stack.size();
     return;
   }
   // Scopes close in LIFO order on a thread; tolerate an end whose begin was
   // not seen (it started before the capture) by ignoring it.
   for (size_t i = ts.stack.size(); i > 0; --i) {
     if (ts.stack[i - 1] == id) {
+      const bool was_written = i <= ts.written;
       ts.stack.resize(i - 1);
+      ts.graph_calls -= graph_call && ts.graph_calls > 0;
+      if (ts.stack.empty()) ts.graph_calls = 0;  // (an end that closed a call's scope without its own)
+      if (!was_written) return;  // nothing happened in it: neither end is recorded
+      ts.written = i - 1;
       Event e = make_event(kScopeEnd, ts);
       e.scope = id;
       s->store.append(e);
@@ -385,12 +432,23 @@ void record_scope(Session* s, ThreadState& ts, uint32_t id, bool begin) {
   }
 }
 
+constexpr std::string_view kGraphCall = "## Call CompiledFxGraph ";
+constexpr std::string_view kCollective = "c10d::";
+
+bool starts_with(const char* name, std::string_view prefix) {
+  return std::strncmp(name, prefix.data(), prefix.size()) == 0;
+}
+
 void on_scope(const at::RecordFunction& fn, bool begin) {
   Session* s = g_active.load(std::memory_order_acquire);
   if (s == nullptr) return;
   ThreadState& ts = thread_state(s);
-  const char* name = fn.name();
-  record_scope(s, ts, scope_id(s, ts, name != nullptr ? name : ""), begin);
+  const char* name = fn.name() != nullptr ? fn.name() : "";
+  // (an op's scope waits for an event in it, unless it is a compiled-graph call or a collective)
+  const bool op = fn.scope() == at::RecordScope::FUNCTION;
+  const bool graph_call = op && name[0] == '#' && starts_with(name, kGraphCall);
+  const bool lazy = op && !graph_call && !(name[0] == 'c' && starts_with(name, kCollective));
+  record_scope(s, ts, scope_id(s, ts, name), begin, lazy, graph_call);
 }
 
 std::unique_ptr<at::ObserverContext> on_scope_enter(const at::RecordFunction& fn) {
@@ -411,7 +469,7 @@ void append_marker(uint8_t kind, int64_t value, std::string_view label) {
   Event e = make_event(kind, ts);
   e.bytes = value;
   if (!label.empty()) e.scope = s->strings.intern(label);
-  s->store.append(e);
+  append(s, ts, e);
 }
 
 #ifdef MEMPROF_WITH_CUDA
@@ -438,7 +496,7 @@ void on_cuda_trace(const c10::CachingDeviceAllocator::TraceEntry& te) {
     e.device_type = static_cast<int8_t>(c10::DeviceType::CUDA);
     e.device_index = static_cast<int8_t>(te.device_);
     if (!followed) e.flags |= kFlagUnfollowedThread;
-    s->store.append(e);
+    append(s, ts, e);
   };
   const auto size = static_cast<int64_t>(te.size_);
   switch (te.action_) {
@@ -474,7 +532,7 @@ void on_cuda_trace(const c10::CachingDeviceAllocator::TraceEntry& te) {
       e.stream = stream;
       e.device_type = static_cast<int8_t>(c10::DeviceType::CUDA);
       e.device_index = static_cast<int8_t>(te.device_);
-      s->store.append(e);
+      append(s, ts, e);
       break;
     }
     default:

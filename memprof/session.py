@@ -182,13 +182,14 @@ def capture(*, max_events: int | None = None, scopes: str = "ops", kernels: bool
     """Capture every allocation and free (CPU on every thread; CUDA on this thread and its autograd
     threads, and through the allocator tracker on others).
 
-    `scopes` picks the RecordFunction scopes recorded: "ops" (every aten op, autograd node and
-    compiled-graph call; inside a graph's calls after its first, only the calls that return fresh
-    tensors, all the buffer join needs), "graphs" (compiled-graph calls and user record_function
-    regions) or "none". `kernels` (with "ops") makes Inductor open a scope for each kernel launch
-    too, and records every op inside every compiled-graph call: a Chrome trace then shows every
-    launch, at a host-bound step's cost; without it, each buffer of a compiled graph still names the
-    kernel that writes it (from the wrapper code). `plans` records what
+    `scopes` picks the RecordFunction scopes recorded: "ops" (every autograd node, user region and
+    compiled-graph call, and every aten op in which an allocation or free is recorded: an op that
+    makes neither leaves no scope, except inside a graph's first call; inside its later calls, only
+    the calls that return fresh tensors, all the buffer join needs), "graphs" (compiled-graph calls
+    and user record_function regions) or "none". `kernels` (with "ops") makes Inductor open a scope
+    for each kernel launch too, and records every op inside every compiled-graph call: a Chrome
+    trace then shows every launch, at a host-bound step's cost; without it, each buffer of a
+    compiled graph still names the kernel that writes it (from the wrapper code). `plans` records what
     torch.compile decides for graphs compiled inside the block (partitions, wrapper code;
     AOTAutograd's and Inductor's FX graph caches hold memprof's own entries meanwhile) for
     `Capture.attribution`. `max_events` bounds the events stored (the rest are counted as dropped and

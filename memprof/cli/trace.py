@@ -30,7 +30,8 @@ from memprof.cli.options import Budget, ScriptCommand, StepWindow
               help="Bound on recorded events (extra events are counted as dropped) [default: none; the "
                    "events stream to the output's spill].")
 @click.option("--scopes", type=click.Choice(["ops", "graphs", "none"]), default="ops", show_default=True,
-              help="Scopes recorded: every op and compiled-graph call, compiled-graph calls only, or none.")
+              help="Scopes recorded: every compiled-graph call and every op that allocates or frees, "
+                   "compiled-graph calls only, or none.")
 @click.option("--kernel-scopes/--no-kernel-scopes", default=False, show_default=True,
               help="Also record a scope per compiled kernel launch (Inductor's own) and every op inside "
                    "compiled-graph calls (by default a graph's later calls record only the calls that "

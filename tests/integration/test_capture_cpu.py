@@ -288,6 +288,33 @@ def test_quiet_ops_record_no_scope_but_the_ones_memprof_opens() -> None:
     assert len(allocs) == 4 and [cap.scope_name(int(s)) for s in allocs["scope"]][1:3] == ["", "aten::mine"]
 
 
+def test_an_ops_scope_is_recorded_where_an_event_happens_in_it() -> None:
+    """An op's scope waits for an event inside it: an op that allocates and frees nothing leaves no
+    scope (its two events were most of what op scopes cost a host-bound step); one that allocates has
+    its begin, and its callers' outermost first, just before its first event; a user scope is
+    recorded whether or not anything happens in it."""
+    import gc
+
+    x, y = torch.ones(4), torch.ones(4)
+    gc.disable()  # (a collection in the block would free earlier tests' garbage there)
+    try:
+        with memprof.capture() as cap:
+            x.mul_(y)  # in place: nothing allocated
+            with torch.profiler.record_function("mine"):
+                x.mul_(y)
+            x.to(torch.float64)  # aten::to > aten::_to_copy > aten::empty_strided (allocates), aten::copy_ (not)
+    finally:
+        gc.enable()
+    raw = cap.raw
+    seen = [(Kind(int(k)).name, cap.scope_name(int(s))) for k, s in zip(raw["kind"], raw["scope"], strict=True)]
+    assert seen == [("SCOPE_BEGIN", "mine"), ("SCOPE_END", "mine"),
+                    ("SCOPE_BEGIN", "aten::to"), ("SCOPE_BEGIN", "aten::_to_copy"),
+                    ("SCOPE_BEGIN", "aten::empty_strided"), ("ALLOC", "aten::empty_strided"),
+                    ("SCOPE_END", "aten::empty_strided"), ("SCOPE_END", "aten::_to_copy"), ("SCOPE_END", "aten::to"),
+                    ("FREE", "")]
+    assert (np.diff(raw["t_ns"]) >= 0).all()  # (a begin written late takes its first event's time)
+
+
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_every_steps_gradients_are_named_by_their_blocks(set_to_none: bool) -> None:
     """Gradients are read at every optimizer step (in C++: `memprof._C.GradWatch`), past the steps
