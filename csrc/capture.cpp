@@ -443,7 +443,8 @@ void on_scope(const at::RecordFunction& fn, bool begin) {
   Session* s = g_active.load(std::memory_order_acquire);
   if (s == nullptr) return;
   ThreadState& ts = thread_state(s);
-  const char* name = fn.name() != nullptr ? fn.name() : "";
+  const char* name = fn.name();
+  if (name == nullptr) name = "";
   // (an op's scope waits for an event in it, unless it is a compiled-graph call or a collective)
   const bool op = fn.scope() == at::RecordScope::FUNCTION;
   const bool graph_call = op && name[0] == '#' && starts_with(name, kGraphCall);
