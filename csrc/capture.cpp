@@ -148,9 +148,10 @@ uint32_t scope_id(Session* s, ThreadState& ts, const char* name) {
   return id;
 }
 
-Event make_event(uint8_t kind, const ThreadState& ts) {
+// An event of the thread at `t_ns`, in the innermost scope open on it.
+Event make_event_at(uint8_t kind, const ThreadState& ts, int64_t t_ns) {
   Event e{};
-  e.t_ns = now_ns();
+  e.t_ns = t_ns;
   e.kind = kind;
   e.aux = -1;
   e.device_type = -1;
@@ -160,19 +161,15 @@ Event make_event(uint8_t kind, const ThreadState& ts) {
   return e;
 }
 
+Event make_event(uint8_t kind, const ThreadState& ts) { return make_event_at(kind, ts, now_ns()); }
+
 // The begins of the thread's scopes still waiting for an event (`ThreadState::written`), outermost
 // first, at the time of the event about to be appended (`t_ns`, read before it: the store stays in
 // time order on the thread).
 [[gnu::noinline]] void flush_scopes(Session* s, ThreadState& ts, int64_t t_ns) {
   for (size_t i = ts.written; i < ts.stack.size(); ++i) {
-    Event b{};
-    b.t_ns = t_ns;
-    b.kind = kScopeBegin;
-    b.aux = -1;
-    b.device_type = -1;
-    b.device_index = -1;
+    Event b = make_event_at(kScopeBegin, ts, t_ns);
     b.scope = ts.stack[i];
-    b.thread = static_cast<uint16_t>(ts.thread_index);
     s->store.append(b);
   }
   ts.written = ts.stack.size();
