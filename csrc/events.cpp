@@ -165,8 +165,7 @@ bool is_alloc(const Event& e) { return e.kind == kAlloc || e.kind == kCudaAlloc;
 bool is_free(const Event& e) { return e.kind == kFree || e.kind == kCudaFreeRequested; }
 }  // namespace
 
-void EventStore::append(const Event& e) {
-  std::lock_guard<SpinLock> lock(mu_);
+void EventStore::append_locked(const Event& e) {
   if (window_ == Window::kPending) live_.apply(e);
   if (window_ == Window::kOpen && (is_alloc(e) || is_free(e))) {
     auto key = block_key(e);

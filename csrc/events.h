@@ -203,7 +203,18 @@ class EventStore {
 
   explicit EventStore(size_t max_events) : EventStore(StoreOptions{max_events}) {}
   explicit EventStore(const StoreOptions& options);
-  void append(const Event& e);
+  void append(const Event& e) {
+    std::lock_guard<SpinLock> lock(mu_);
+    // (inline, as push's common case: every event of a capture takes this path; no step window, and
+    // room in the current chunk under the bound)
+    const size_t offset = size_ % kChunkEvents;
+    if (window_ == Window::kAll && offset != 0 && size_ - ring_start_ < options_.max_events) {
+      chunks_.back()[offset] = e;
+      ++size_;
+      return;
+    }
+    append_locked(e);
+  }
   // A step marker (e.bytes = the step number): opens or closes the window, moves the ring.
   void mark_step(const Event& e);
   // The ring's first stored event (0 without a ring), the events carried into it and their context,
@@ -249,6 +260,7 @@ class EventStore {
   void clear();
 
  private:
+  void append_locked(const Event& e);  // with mu_ held
   void push(const Event& e);  // with mu_ held
   void move_ring();           // with mu_ held
   void free_chunks_before(size_t n);  // with mu_ held: the chunks whose events all lie before n
