@@ -404,23 +404,17 @@ void uninstall_cpu_wrapper() {
   }
 }
 
-// A scope's begin or end on the calling thread, whoever opened it (RecordFunction, or memprof itself in
-// a quiet stretch: quiet_scope).
-// `lazy`: an op's scope, written only once an event happens in it (`ThreadState::written`).
-void record_scope(Session* s, ThreadState& ts, uint32_t id, bool begin, bool lazy = false, bool graph_call = false) {
-  if (begin) {
-    ts.graph_calls += graph_call;
-    if (lazy && ts.graph_calls == 0) {
-      ts.stack.push_back(id);
-      return;
-    }
-    Event e = make_event(kScopeBegin, ts);
-    e.scope = id;
-    append(s, ts, e);  // (the scopes below it first)
-    ts.stack.push_back(id);
-    ts.written = ts.stack.size();
-    return;
-  }
+// A scope's begin on the calling thread, written now (its unwritten callers first).
+[[gnu::noinline]] void write_scope_begin(Session* s, ThreadState& ts, uint32_t id) {
+  Event e = make_event(kScopeBegin, ts);
+  e.scope = id;
+  append(s, ts, e);  // (the scopes below it first)
+  ts.stack.push_back(id);
+  ts.written = ts.stack.size();
+}
+
+// A scope's end on the calling thread, written where its begin was.
+[[gnu::noinline]] void record_scope_end(Session* s, ThreadState& ts, uint32_t id, bool graph_call) {
   // Scopes close in LIFO order on a thread; tolerate an end whose begin was
   // not seen (it started before the capture) by ignoring it.
   for (size_t i = ts.stack.size(); i > 0; --i) {
@@ -437,6 +431,21 @@ void record_scope(Session* s, ThreadState& ts, uint32_t id, bool begin, bool laz
       return;
     }
   }
+}
+
+// A scope's begin or end on the calling thread, whoever opened it (RecordFunction, or memprof itself in
+// a quiet stretch: quiet_scope).
+// `lazy`: an op's scope, written only once an event happens in it (`ThreadState::written`); its begin
+// is then only a push (inline: most ops take this path).
+inline void record_scope(Session* s, ThreadState& ts, uint32_t id, bool begin, bool lazy = false,
+                         bool graph_call = false) {
+  if (!begin) return record_scope_end(s, ts, id, graph_call);
+  ts.graph_calls += graph_call;
+  if (lazy && ts.graph_calls == 0) {
+    ts.stack.push_back(id);
+    return;
+  }
+  write_scope_begin(s, ts, id);
 }
 
 constexpr std::string_view kGraphCall = "## Call CompiledFxGraph ";
