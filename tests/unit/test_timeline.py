@@ -7,7 +7,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memprof._events import EVENT_DTYPE, FLAG_UNFOLLOWED_THREAD, Events, Kind, device_name, ids_for, parse_device
+from memprof._events import (
+    EVENT_DTYPE,
+    FLAG_UNFOLLOWED_THREAD,
+    Events,
+    EventsBuilder,
+    Kind,
+    device_name,
+    ids_for,
+    parse_device,
+)
 from memprof.analysis.scopes import ScopeIndex, pair, pair_arrays
 from memprof.analysis.timeline import build_timeline, step_stats
 from memprof.analysis.view import downsample
@@ -48,6 +57,22 @@ def test_columns_are_stored_narrow_while_every_value_fits_and_widened_once_one_d
     assert a.allocated.dtype == np.int64 and a.allocated.tolist() == b.allocated.tolist() and a.peak == b.peak == 512
     # ids compared with a narrow column: one it cannot hold matches no event (never wraps onto 4,464)
     assert ids_for(narrow["scope"], [7, 70000, 4464 + 65536]).tolist() == [7]
+
+
+def test_a_chunk_longer_than_the_builders_slice_gives_the_same_columns() -> None:
+    """One chunk of 2.5 slices: a field constant in the first slice that varies in the last, and a
+    size that needs int64 only in the last, come out as the records hold them."""
+    n = EventsBuilder.SLICE * 5 // 2
+    recs = np.zeros(n, dtype=EVENT_DTYPE)
+    recs["t_ns"] = np.arange(n)
+    recs["kind"] = Kind.ALLOC
+    recs["bytes"] = 16
+    recs["bytes"][-1] = 5 << 30
+    recs["thread"][-3:] = 2
+    built = Events.from_chunks(n, [recs])
+    assert built["bytes"].dtype == np.int64 and built["thread"].strides != (0,)
+    assert (built.records() == recs).all()
+    assert Events.from_chunks(n, [recs[:7], recs[7:]]).records().tobytes() == recs.tobytes()
 
 
 def test_device_names_round_trip() -> None:
