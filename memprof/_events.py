@@ -201,14 +201,14 @@ class EventsBuilder:
     once, when one does not). What is held while building is the varying columns and the chunk in
     hand. Readers take a column's values, never its dtype, from `EVENT_DTYPE`."""
 
+    # Records taken a slice at a time: each field is a pass over the records' memory, and a slice this
+    # size (896 KiB) stays in a core's cache for all of them (docs/benchmarks.md, session 33).
+    SLICE = 16_384
+
     def __init__(self, n: int) -> None:
         self._n, self._at = n, 0
         self._value: dict[str, np.ndarray] = {}  # fields with one value so far
         self._full: dict[str, np.ndarray] = {}
-
-    # Records taken a slice at a time: each field is a pass over the records' memory, and a slice this
-    # size (896 KiB) stays in a core's cache for all of them (0.26 -> 0.15 s for 8 M events here).
-    SLICE = 16_384
 
     def add(self, chunk: np.ndarray) -> None:
         k = len(chunk)
