@@ -9,7 +9,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from memprof._events import Events
-from memprof.analysis.scopes import inside
 from memprof.analysis.timeline import Timeline, mark_windows
 
 GC_START = "python gc: start"
@@ -23,9 +22,18 @@ def gc_freed_positions(raw: Events, timeline: Timeline, strings: Sequence[str]) 
     windows = mark_windows(raw, strings, GC_START, GC_STOP)
     if not windows or len(timeline.rows) == 0:
         return np.zeros(0, np.int64)
-    frees = np.flatnonzero(~timeline.is_alloc)
-    free_rows = timeline.rows[frees]
-    return frees[inside(free_rows, raw["thread"][free_rows].astype(np.int64), windows) >= 0]
+    # The positions between each collection's marks (the timeline's rows are in order), not every free
+    # asked which collection holds it: a collection holds a few events, a capture millions of frees.
+    arr = np.asarray(windows, dtype=np.int64)
+    lo = np.searchsorted(timeline.rows, arr[:, 1], side="right")
+    counts = np.maximum(np.searchsorted(timeline.rows, arr[:, 2], side="left") - lo, 0)
+    total = int(counts.sum())
+    if total == 0:
+        return np.zeros(0, np.int64)
+    pos = np.arange(total, dtype=np.int64) + np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    rows = timeline.rows[pos]
+    own = (raw["thread"][rows].astype(np.int64) == np.repeat(arr[:, 0], counts)) & ~timeline.is_alloc[pos]
+    return np.sort(pos[own])
 
 
 def freed_bytes(timeline: Timeline, positions: np.ndarray, start_row: int = 0, end_row: int | None = None) -> int:

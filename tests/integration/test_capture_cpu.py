@@ -180,6 +180,48 @@ def test_frees_by_the_cyclic_garbage_collector_are_told_apart() -> None:
     assert len(quiet.gc_freed("cpu")) == 0 and "cyclic garbage" not in render("text", quiet)
 
 
+def test_a_free_on_another_thread_during_a_collection_is_not_the_collectors() -> None:
+    """A collection on one thread, and while it runs (its callback waits) another thread frees a tensor
+    of its own: only the collecting thread's free inside its marks is the collector's."""
+    import gc
+    import threading
+
+    go, done = threading.Event(), threading.Event()
+
+    def pause(phase: str, info: dict[str, int]) -> None:
+        if phase == "start" and threading.current_thread().name == "collector" and not go.is_set():
+            go.set()
+            done.wait(10)  # (releases the GIL: the other thread frees now)
+
+    def other() -> None:
+        t = torch.empty(300, dtype=torch.float32)
+        go.wait(10)
+        del t  # inside the collector's marks, on this thread
+        done.set()
+
+    def collector() -> None:
+        cycle = {"t": torch.empty(700, dtype=torch.float32)}
+        cycle["self"] = cycle
+        del cycle
+        gc.collect()
+
+    gc.collect()
+    with memprof.capture() as cap:
+        gc.callbacks.append(pause)
+        try:
+            threads = [threading.Thread(target=other), threading.Thread(target=collector, name="collector")]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+        finally:
+            gc.callbacks.remove(pause)
+    tl = cap.timeline("cpu")
+    assert go.is_set() and done.is_set()
+    assert tl.delta[cap.gc_freed("cpu")].tolist() == [-2800]  # the cycle's, not the other thread's 1,200 B
+    assert sorted(tl.delta[tl.delta < 0].tolist()) == [-2800, -1200]
+
+
 def test_a_traced_scripts_garbage_is_collected_when_it_ends(tmp_path: Path) -> None:
     """What only a reference cycle holds when a traced script ends (as Dynamo's compile of the graph
     after a break holds the first step's logits) is freed by a collection memprof runs then, as
