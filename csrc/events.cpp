@@ -190,7 +190,7 @@ void EventStore::append_locked(const Event& e) {
   }
 }
 
-void EventStore::push(const Event& e) {
+void EventStore::push_slow(const Event& e) {
   if (size_ - ring_start_ >= options_.max_events) {
     if (dropped_ == 0) first_dropped_ns_ = e.t_ns;
     ++dropped_;

@@ -205,14 +205,7 @@ class EventStore {
   explicit EventStore(const StoreOptions& options);
   void append(const Event& e) {
     std::lock_guard<SpinLock> lock(mu_);
-    // (inline, as push's common case: every event of a capture takes this path; no step window, and
-    // room in the current chunk under the bound)
-    const size_t offset = size_ % kChunkEvents;
-    if (window_ == Window::kAll && offset != 0 && size_ - ring_start_ < options_.max_events) {
-      chunks_.back()[offset] = e;
-      ++size_;
-      return;
-    }
+    if (window_ == Window::kAll) return push(e);  // (every event is stored: push's inline path)
     append_locked(e);
   }
   // A step marker (e.bytes = the step number): opens or closes the window, moves the ring.
@@ -261,7 +254,15 @@ class EventStore {
 
  private:
   void append_locked(const Event& e);  // with mu_ held
-  void push(const Event& e);  // with mu_ held
+  // With mu_ held. Inline for its common case (every event of a capture takes it): room in the current
+  // chunk under the bound; push_slow starts a chunk or counts the event dropped.
+  void push(const Event& e) {
+    const size_t offset = size_ % kChunkEvents;
+    if (offset == 0 || size_ - ring_start_ >= options_.max_events) return push_slow(e);
+    chunks_.back()[offset] = e;
+    ++size_;
+  }
+  void push_slow(const Event& e);
   void move_ring();           // with mu_ held
   void free_chunks_before(size_t n);  // with mu_ held: the chunks whose events all lie before n
   mutable SpinLock mu_;
